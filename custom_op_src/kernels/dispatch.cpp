@@ -1,0 +1,124 @@
+// Chooses the kernels for this CPU once, MLAS-style: each instruction set lives in its own translation unit,
+// compiled with its own flags, and is only called after the CPU (and OS) have been checked to support it.
+#include <cstring>
+
+#include "rmsnorm_kernels.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <cpuid.h>
+#endif
+
+namespace ort_rmsnorm {
+
+extern const CpuKernels kScalarKernels;
+#ifdef ORT_RMSNORM_HAVE_AVX2
+extern const CpuKernels kAvx2Kernels;
+#endif
+#ifdef ORT_RMSNORM_HAVE_AVX512
+extern const CpuKernels kAvx512Kernels;
+#endif
+#ifdef ORT_RMSNORM_HAVE_AVX512_BF16
+extern const CpuKernels kAvx512Bf16Kernels;
+#endif
+#ifdef ORT_RMSNORM_HAVE_NEON
+extern const CpuKernels kNeonKernels;
+#endif
+
+namespace {
+
+struct CpuFeatures {
+  bool avx2_fma_f16c = false;
+  bool avx512 = false;  // F + BW + VL, with the OS saving ZMM state
+  bool avx512_bf16 = false;
+};
+
+CpuFeatures DetectCpuFeatures() {
+  CpuFeatures features;
+#if defined(__x86_64__) || defined(_M_X64)
+  unsigned eax, ebx, ecx, edx;
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return features;
+  const bool osxsave = ecx & (1u << 27), avx = ecx & (1u << 28), fma = ecx & (1u << 12), f16c = ecx & (1u << 29);
+  if (!osxsave || !avx) return features;
+  unsigned xcr0_low, xcr0_high;
+  __asm__("xgetbv" : "=a"(xcr0_low), "=d"(xcr0_high) : "c"(0));
+  const bool os_saves_ymm = (xcr0_low & 0x06u) == 0x06u;
+  const bool os_saves_zmm = (xcr0_low & 0xE6u) == 0xE6u;
+  if (!os_saves_ymm || !__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return features;
+  const bool avx2 = ebx & (1u << 5);
+  features.avx2_fma_f16c = avx2 && fma && f16c;
+  const bool avx512f = ebx & (1u << 16), avx512bw = ebx & (1u << 30), avx512vl = ebx & (1u << 31);
+  features.avx512 = features.avx2_fma_f16c && os_saves_zmm && avx512f && avx512bw && avx512vl;
+  if (features.avx512 && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx)) features.avx512_bf16 = eax & (1u << 5);
+#endif
+  return features;
+}
+
+const CpuFeatures& Features() {
+  static const CpuFeatures features = DetectCpuFeatures();
+  return features;
+}
+
+}  // namespace
+
+const char* CpuIsaName(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kScalar: return "scalar";
+    case CpuIsa::kNeon: return "neon";
+    case CpuIsa::kAvx2: return "avx2";
+    case CpuIsa::kAvx512: return "avx512";
+    case CpuIsa::kAvx512Bf16: return "avx512bf16";
+  }
+  return "?";
+}
+
+const CpuKernels* CpuKernelsFor(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kScalar:
+      return &kScalarKernels;
+    case CpuIsa::kNeon:
+#ifdef ORT_RMSNORM_HAVE_NEON
+      return &kNeonKernels;  // Advanced SIMD is mandatory on AArch64
+#else
+      return nullptr;
+#endif
+    case CpuIsa::kAvx2:
+#ifdef ORT_RMSNORM_HAVE_AVX2
+      return Features().avx2_fma_f16c ? &kAvx2Kernels : nullptr;
+#else
+      return nullptr;
+#endif
+    case CpuIsa::kAvx512:
+#ifdef ORT_RMSNORM_HAVE_AVX512
+      return Features().avx512 ? &kAvx512Kernels : nullptr;
+#else
+      return nullptr;
+#endif
+    case CpuIsa::kAvx512Bf16:
+#ifdef ORT_RMSNORM_HAVE_AVX512_BF16
+      return Features().avx512_bf16 ? &kAvx512Bf16Kernels : nullptr;
+#else
+      return nullptr;
+#endif
+  }
+  return nullptr;
+}
+
+const CpuKernels* SelectCpuKernels(const char* requested, const char** error) {
+  if (requested == nullptr || *requested == '\0') {
+    const CpuKernels* best = &kScalarKernels;
+    for (CpuIsa isa : kAllCpuIsas) {  // ordered from least to most capable
+      if (const CpuKernels* kernels = CpuKernelsFor(isa)) best = kernels;
+    }
+    return best;
+  }
+  for (CpuIsa isa : kAllCpuIsas) {
+    if (std::strcmp(requested, CpuIsaName(isa)) != 0) continue;
+    const CpuKernels* kernels = CpuKernelsFor(isa);
+    if (!kernels && error) *error = "the requested instruction set is not supported by this CPU or build";
+    return kernels;
+  }
+  if (error) *error = "unknown instruction set (expected scalar, neon, avx2, avx512 or avx512bf16)";
+  return nullptr;
+}
+
+}  // namespace ort_rmsnorm

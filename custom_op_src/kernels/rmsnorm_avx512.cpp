@@ -1,0 +1,69 @@
+// AVX-512 kernels (16 float lanes). This file is compiled twice (see CMakeLists.txt):
+//   - with -mavx512f -mavx512bw -mavx512vl                       -> kAvx512Kernels
+//   - with those and -mavx512bf16, ORT_RMSNORM_AVX512_BF16 defined -> kAvx512Bf16Kernels
+// The two differ only in how float32 is rounded to bfloat16.
+#include <immintrin.h>
+
+#include <cfloat>
+
+#include "row_algorithm.h"
+
+namespace ort_rmsnorm {
+namespace {
+
+// Exact round-to-nearest-even on the bit pattern; NaN lanes are made quiet instead of rounded.
+inline __m256i RoundToBFloat16Bits(__m512 v) {
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+  const __mmask16 is_nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  const __m512i chosen = _mm512_mask_or_epi32(rounded, is_nan, bits, _mm512_set1_epi32(0x00400000));
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(chosen, 16));
+}
+
+struct Avx512Lanes {
+  using F = __m512;
+  static constexpr int64_t kWidth = 16;
+  static F Zero() { return _mm512_setzero_ps(); }
+  static F Set1(float v) { return _mm512_set1_ps(v); }
+  static F Add(F a, F b) { return _mm512_add_ps(a, b); }
+  static F Mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F Fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static float ReduceAdd(F v) { return _mm512_reduce_add_ps(v); }
+
+  static F Load(const float* p) { return _mm512_loadu_ps(p); }
+  static F Load(const Float16* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static F Load(const BFloat16* p) {
+    const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+  }
+
+  static void Store(float* p, F v) { _mm512_storeu_ps(p, v); }
+  static void Store(Float16* p, F v) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  static void Store(BFloat16* p, F v) {
+    __m256i halves;
+#ifdef ORT_RMSNORM_AVX512_BF16
+    // vcvtneps2bf16 rounds to nearest-even but flushes subnormal inputs and outputs to zero; vectors holding a
+    // value with 0 < |v| < FLT_MIN (rare) take the exact integer path instead.
+    const __m512 magnitude = _mm512_abs_ps(v);
+    const __mmask16 subnormal = _mm512_cmp_ps_mask(magnitude, _mm512_set1_ps(FLT_MIN), _CMP_LT_OQ) &
+                                _mm512_cmp_ps_mask(magnitude, _mm512_setzero_ps(), _CMP_GT_OQ);
+    halves = subnormal ? RoundToBFloat16Bits(v) : (__m256i)_mm512_cvtneps_pbh(v);
+#else
+    halves = RoundToBFloat16Bits(v);
+#endif
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), halves);
+  }
+};
+
+}  // namespace
+
+#ifdef ORT_RMSNORM_AVX512_BF16
+extern const CpuKernels kAvx512Bf16Kernels = MakeCpuKernels<Avx512Lanes>("avx512bf16");
+#else
+extern const CpuKernels kAvx512Kernels = MakeCpuKernels<Avx512Lanes>("avx512");
+#endif
+
+}  // namespace ort_rmsnorm

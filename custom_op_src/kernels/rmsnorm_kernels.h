@@ -1,0 +1,73 @@
+// RMSNorm / SkipRMSNorm CPU kernels: plain C++, no onnxruntime types.
+//
+//   y = x * factor * scale,   factor = 1 / sqrt(mean(x^2) + eps)      (eps_outside_sqrt = false)
+//                             factor = 1 / (sqrt(mean(x^2)) + eps)    (eps_outside_sqrt = true)
+//
+// Each row of `cols` contiguous elements is one statistic. The sum of squares is accumulated in float32 vector
+// lanes and combined in double; the factor is computed once per row in double; the product is formed in float32
+// and rounded once to the element type (round-to-nearest-even). Rows whose float32 statistic overflows,
+// underflows or is not finite are redone entirely in double, so inputs near the float16/bfloat16 limits give the
+// representable result instead of inf/0.
+#pragma once
+
+#include <cstdint>
+
+namespace ort_rmsnorm {
+
+// 16-bit storage types: bit patterns only, converted by the kernels.
+struct Float16 {
+  uint16_t bits;
+};
+struct BFloat16 {
+  uint16_t bits;
+};
+
+// One kernel call over a 2-D view [rows, cols] of the input.
+template <typename T>
+struct RowBatch {
+  const T* x = nullptr;
+  const T* skip = nullptr;     // SkipRMSNorm: h = round_T(x + skip) is normalized; nullptr for RMSNorm
+  T* sum = nullptr;            // SkipRMSNorm: receives h when not nullptr
+  T* y = nullptr;
+  const float* scale = nullptr;  // nullptr (no scale) or `cols` float32 gains, already broadcast
+  int64_t cols = 0;
+  float epsilon = 1e-5f;
+  bool eps_outside_sqrt = false;
+};
+
+// Normalizes rows [begin, end) of `batch`. Rows are independent: disjoint ranges may run concurrently.
+template <typename T>
+using RowsFn = void (*)(const RowBatch<T>& batch, int64_t begin, int64_t end);
+
+// The kernels of one instruction set.
+struct CpuKernels {
+  const char* isa;  // "scalar", "avx2", "avx512", "avx512bf16", "neon"
+  RowsFn<float> f32;
+  RowsFn<Float16> f16;
+  RowsFn<BFloat16> bf16;
+
+  template <typename T>
+  RowsFn<T> get() const;
+};
+
+template <>
+inline RowsFn<float> CpuKernels::get<float>() const { return f32; }
+template <>
+inline RowsFn<Float16> CpuKernels::get<Float16>() const { return f16; }
+template <>
+inline RowsFn<BFloat16> CpuKernels::get<BFloat16>() const { return bf16; }
+
+enum class CpuIsa { kScalar, kNeon, kAvx2, kAvx512, kAvx512Bf16 };
+constexpr CpuIsa kAllCpuIsas[] = {CpuIsa::kScalar, CpuIsa::kNeon, CpuIsa::kAvx2, CpuIsa::kAvx512,
+                                  CpuIsa::kAvx512Bf16};
+
+const char* CpuIsaName(CpuIsa isa);
+
+// The kernels for `isa`, or nullptr when they are not compiled in or this CPU/OS cannot run them.
+const CpuKernels* CpuKernelsFor(CpuIsa isa);
+
+// The best kernels this CPU runs, or those named by `requested` ("scalar", "avx2", ...; nullptr or "" = best).
+// Returns nullptr and sets `*error` when `requested` is unknown or unavailable here.
+const CpuKernels* SelectCpuKernels(const char* requested, const char** error);
+
+}  // namespace ort_rmsnorm

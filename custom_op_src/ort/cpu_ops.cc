@@ -1,0 +1,174 @@
+// CPU execution provider: RMSNorm/SkipRMSNorm kernels over the dispatched row kernels, parallel over rows on
+// onnxruntime's intra-op thread pool.
+#include <algorithm>
+#include <optional>
+
+#include "execution_providers.h"
+#include "norm_op.h"
+
+namespace ort_rmsnorm {
+namespace {
+
+const CpuKernels* g_cpu_kernels = nullptr;  // set once, before any kernel is created
+
+// Inputs moving less than this (read + written) run inline on the calling thread: they fit in L2, and waking the
+// pool would cost more than it saves. Larger ones are cut into tasks of about kTaskBytes, claimed dynamically.
+constexpr int64_t kInlineBytes = 128 * 1024;
+constexpr int64_t kTaskBytes = 64 * 1024;
+
+template <typename Fn>
+void ParallelRows(const Ort::KernelContext& context, int64_t rows, int64_t bytes_per_row, const Fn& fn) {
+  const int64_t rows_per_task = std::max<int64_t>(1, kTaskBytes / std::max<int64_t>(1, bytes_per_row));
+  const int64_t tasks = (rows + rows_per_task - 1) / rows_per_task;
+  if (tasks <= 1 || rows * bytes_per_row <= kInlineBytes || RuntimeApiVersion() < kApiParallelFor) {
+    fn(int64_t{0}, rows);
+    return;
+  }
+  struct Job {
+    const Fn* fn;
+    int64_t rows, rows_per_task;
+  } job{&fn, rows, rows_per_task};
+  context.ParallelFor(
+      [](void* data, size_t task) {
+        const Job& j = *static_cast<const Job*>(data);
+        const int64_t begin = static_cast<int64_t>(task) * j.rows_per_task;
+        (*j.fn)(begin, std::min(j.rows, begin + j.rows_per_task));
+      },
+      static_cast<size_t>(tasks), 0, &job);
+}
+
+// Reusable per-thread float32 buffers for scales that must be converted or broadcast per call: no heap
+// allocation once a thread has seen the largest row.
+float* ThreadBuffer(int slot, size_t count) {
+  thread_local std::vector<float> buffers[2];
+  std::vector<float>& buffer = buffers[slot];
+  if (buffer.size() < count) buffer.resize(count);
+  return buffer.data();
+}
+
+template <NormKind K, typename T, typename S>
+class CpuNormKernel {
+  using Sig = NormSignature<K>;
+
+ public:
+  static constexpr const char* kExecutionProvider = "CPUExecutionProvider";
+
+  explicit CpuNormKernel(const Ort::ConstKernelInfo& info)
+      : attributes_(info, Sig::kName), rows_(g_cpu_kernels->get<T>()) {
+    if (info.GetInputCount() > Sig::kScale) {
+      int is_constant = 0;
+      const Ort::ConstValue scale = info.GetTensorConstantInput(Sig::kScale, &is_constant);
+      if (is_constant) constant_scale_ = ToHostScale<S>(scale);
+    }
+    CheckStaticShapes(info);
+  }
+
+  OrtStatusPtr ComputeV2(OrtKernelContext* raw_context) {
+    return StatusFrom([&] { Compute(Ort::KernelContext(raw_context)); });
+  }
+
+ private:
+  // Problems visible from the model's static shapes are reported at session creation rather than at first run.
+  void CheckStaticShapes(const Ort::ConstKernelInfo& info) const {
+    const Ort::TypeInfo x_type = info.GetInputTypeInfo(Sig::kX);
+    if (x_type.GetONNXType() != ONNX_TYPE_TENSOR) return;
+    const Shape x_shape = x_type.GetTensorTypeAndShapeInfo().GetShape();
+    if (x_shape.empty()) return;  // unknown rank (or a scalar, which fails at run time with its shape)
+    NormGeometry geometry;
+    if (std::string error = ResolveGeometry(x_shape, attributes_.axis, &geometry); !error.empty()) {
+      attributes_.Fail(error);
+    }
+    const bool dims_known = std::none_of(x_shape.begin(), x_shape.end(), [](int64_t d) { return d < 0; });
+    if (constant_scale_ && dims_known) ResolveScaleLayout(constant_scale_->shape, x_shape, geometry);
+  }
+
+  ScaleLayout ResolveScaleLayout(const Shape& scale_shape, const Shape& x_shape, const NormGeometry& geometry) const {
+    ScaleLayout layout;
+    if (std::string error = CheckScaleShape(scale_shape, x_shape, geometry, &layout); !error.empty()) {
+      attributes_.Fail(error);
+    }
+    return layout;
+  }
+
+  // The scale as `cols` float32 values in row order, or nullptr when the node has none.
+  const float* ScaleForCall(const Ort::KernelContext& context, const Shape& x_shape,
+                            const NormGeometry& geometry) const {
+    const size_t cols = static_cast<size_t>(geometry.cols);
+    if (constant_scale_) {
+      if (ResolveScaleLayout(constant_scale_->shape, x_shape, geometry) == ScaleLayout::kPerElement) {
+        return constant_scale_->values.data();
+      }
+      float* expanded = ThreadBuffer(0, cols);
+      ExpandScale(constant_scale_->values.data(), constant_scale_->shape, geometry, expanded);
+      return expanded;
+    }
+    if (context.GetInputCount() <= Sig::kScale) return nullptr;
+    const Ort::ConstValue scale = context.GetInput(Sig::kScale);
+    if (!scale) return nullptr;
+    const Shape scale_shape = ShapeOf(scale);
+    const ScaleLayout layout = ResolveScaleLayout(scale_shape, x_shape, geometry);
+    const S* data = static_cast<const S*>(scale.GetTensorRawData());
+    if constexpr (std::is_same_v<S, float>) {
+      if (layout == ScaleLayout::kPerElement) return data;
+    }
+    const size_t count = scale.GetTensorTypeAndShapeInfo().GetElementCount();
+    float* converted = ThreadBuffer(0, count);
+    for (size_t i = 0; i < count; ++i) converted[i] = ToFloat(data[i]);
+    if (layout == ScaleLayout::kPerElement) return converted;
+    float* expanded = ThreadBuffer(1, cols);
+    ExpandScale(converted, scale_shape, geometry, expanded);
+    return expanded;
+  }
+
+  void Compute(const Ort::KernelContext& context) const {
+    const Ort::ConstValue x = context.GetInput(Sig::kX);
+    const Shape x_shape = ShapeOf(x);
+    NormGeometry geometry;
+    if (std::string error = ResolveGeometry(x_shape, attributes_.axis, &geometry); !error.empty()) {
+      attributes_.Fail(error);
+    }
+
+    RowBatch<T> batch;
+    batch.x = static_cast<const T*>(x.GetTensorRawData());
+    batch.cols = geometry.cols;
+    batch.epsilon = attributes_.epsilon;
+    batch.eps_outside_sqrt = attributes_.eps_outside_sqrt;
+    int64_t tensors_moved = 2;  // X read, Y written
+    if constexpr (Sig::kSkip) {
+      const Ort::ConstValue skip = context.GetInput(Sig::kSkipInput);
+      const Shape skip_shape = ShapeOf(skip);
+      if (skip_shape != x_shape) {
+        attributes_.Fail("skip of shape " + ShapeToString(skip_shape) + " must have the shape of X " +
+                         ShapeToString(x_shape));
+      }
+      batch.skip = static_cast<const T*>(skip.GetTensorRawData());
+      tensors_moved += 1;
+    }
+    batch.scale = ScaleForCall(context, x_shape, geometry);
+    batch.y = static_cast<T*>(context.GetOutput(Sig::kY, x_shape).GetTensorMutableRawData());
+    if constexpr (Sig::kSkip) {
+      if (context.GetOutputCount() > Sig::kSum) {
+        if (Ort::UnownedValue sum = context.GetOutput(Sig::kSum, x_shape)) {
+          batch.sum = static_cast<T*>(sum.GetTensorMutableRawData());
+          tensors_moved += 1;
+        }
+      }
+    }
+    if (geometry.rows == 0 || geometry.cols == 0) return;
+    ParallelRows(context, geometry.rows, geometry.cols * tensors_moved * static_cast<int64_t>(sizeof(T)),
+                 [&](int64_t begin, int64_t end) { rows_(batch, begin, end); });
+  }
+
+  NormAttributes attributes_;
+  RowsFn<T> rows_;
+  std::optional<HostScale> constant_scale_;  // converted to float32 once, at kernel creation
+};
+
+}  // namespace
+
+void AppendCpuOps(const CpuKernels& kernels, std::vector<const OrtCustomOp*>& ops) {
+  g_cpu_kernels = &kernels;
+  AppendNormOps<CpuNormKernel>(ops);
+}
+
+}  // namespace ort_rmsnorm

@@ -1,0 +1,83 @@
+#include "norm_op.h"
+
+#include <cstdio>
+
+namespace ort_rmsnorm {
+namespace {
+
+enum class AttributeType { kAbsent, kInt, kFloat, kOther };
+
+const char* TypeName(AttributeType type) {
+  switch (type) {
+    case AttributeType::kInt: return "an int";
+    case AttributeType::kFloat: return "a float";
+    case AttributeType::kOther: return "another type (string, tensor or list)";
+    case AttributeType::kAbsent: break;
+  }
+  return "absent";
+}
+
+bool Succeeded(OrtStatus* status) {
+  if (!status) return true;
+  Ort::GetApi().ReleaseStatus(status);
+  return false;
+}
+
+// The kernel-info API has no "has attribute": probe the types we care about, so that an attribute of the wrong
+// type is reported instead of being mistaken for an absent one (and silently replaced by the default).
+AttributeType Probe(const OrtKernelInfo* info, const char* name, int64_t* int_value, float* float_value) {
+  const OrtApi& api = Ort::GetApi();
+  if (Succeeded(api.KernelInfoGetAttribute_int64(info, name, int_value))) return AttributeType::kInt;
+  if (Succeeded(api.KernelInfoGetAttribute_float(info, name, float_value))) return AttributeType::kFloat;
+  size_t size = 0;
+  if (Succeeded(api.KernelInfoGetAttribute_string(info, name, nullptr, &size)) ||
+      Succeeded(api.KernelInfoGetAttributeArray_int64(info, name, nullptr, &size)) ||
+      Succeeded(api.KernelInfoGetAttributeArray_float(info, name, nullptr, &size))) {
+    return AttributeType::kOther;
+  }
+  return AttributeType::kAbsent;
+}
+
+}  // namespace
+
+NormAttributes::NormAttributes(const Ort::ConstKernelInfo& info, const char* op) : op_name(op) {
+  node_name = info.GetNodeName();
+  while (!node_name.empty() && node_name.back() == '\0') node_name.pop_back();
+
+  int64_t int_value = 0;
+  float float_value = 0.0f;
+  switch (AttributeType type = Probe(info, "axis", &int_value, &float_value)) {
+    case AttributeType::kAbsent: break;
+    case AttributeType::kInt: axis = int_value; break;
+    default: Fail(std::string("attribute 'axis' must be an int, got ") + TypeName(type));
+  }
+  switch (AttributeType type = Probe(info, "epsilon", &int_value, &float_value)) {
+    case AttributeType::kAbsent: break;
+    case AttributeType::kFloat: epsilon = float_value; break;
+    default: Fail(std::string("attribute 'epsilon' must be a float, got ") + TypeName(type));
+  }
+  if (!std::isfinite(epsilon) || epsilon < 0.0f) {
+    char value[32];
+    std::snprintf(value, sizeof value, "%.9g", static_cast<double>(epsilon));
+    Fail(std::string("attribute 'epsilon' must be finite and >= 0, got ") + value);
+  }
+  switch (AttributeType type = Probe(info, "eps_outside_sqrt", &int_value, &float_value)) {
+    case AttributeType::kAbsent: break;
+    case AttributeType::kInt:
+      if (int_value != 0 && int_value != 1) {
+        Fail("attribute 'eps_outside_sqrt' must be 0 or 1, got " + std::to_string(int_value));
+      }
+      eps_outside_sqrt = int_value == 1;
+      break;
+    default: Fail(std::string("attribute 'eps_outside_sqrt' must be an int (0 or 1), got ") + TypeName(type));
+  }
+}
+
+void NormAttributes::Fail(const std::string& problem, OrtErrorCode code) const {
+  const std::string node = node_name.empty() ? "(unnamed)" : "'" + node_name + "'";
+  throw Ort::Exception(op_name + " node " + node + ": " + problem, code);
+}
+
+Shape ShapeOf(const Ort::ConstValue& value) { return value.GetTensorTypeAndShapeInfo().GetShape(); }
+
+}  // namespace ort_rmsnorm

@@ -1,0 +1,181 @@
+// The onnxruntime-facing definition of RMSNorm and SkipRMSNorm (domain "ort_rmsnorm", version 1), shared by the
+// execution providers: signature, attributes and their validation, error reporting. An execution provider supplies
+// only the kernel class template `Kernel<Kind, T, S>`.
+#pragma once
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "../kernels/norm_geometry.h"
+#include "../kernels/scalar_convert.h"
+#include "ort_api.h"
+
+namespace ort_rmsnorm {
+
+constexpr const char* kDomain = "ort_rmsnorm";
+
+enum class NormKind { kRmsNorm, kSkipRmsNorm };
+
+// Signature:  RMSNorm(X: T, scale: S?) -> Y: T
+//             SkipRMSNorm(X: T, skip: T, scale: S?) -> (Y: T, sum: T?)
+template <NormKind K>
+struct NormSignature {
+  static constexpr bool kSkip = K == NormKind::kSkipRmsNorm;
+  static constexpr const char* kName = kSkip ? "SkipRMSNorm" : "RMSNorm";
+  static constexpr size_t kX = 0, kSkipInput = 1, kScale = kSkip ? 2 : 1;
+  static constexpr size_t kInputs = kScale + 1;
+  static constexpr size_t kY = 0, kSum = 1;
+  static constexpr size_t kOutputs = kSkip ? 2 : 1;
+};
+
+// Attributes of one node, validated at kernel creation; `Fail` reports an error naming the op and node.
+struct NormAttributes {
+  std::string op_name;
+  std::string node_name;
+  int64_t axis = -1;
+  float epsilon = 1e-5f;
+  bool eps_outside_sqrt = false;
+
+  NormAttributes(const Ort::ConstKernelInfo& info, const char* op);
+
+  [[noreturn]] void Fail(const std::string& problem, OrtErrorCode code = ORT_INVALID_ARGUMENT) const;
+};
+
+// Runs `fn` and turns any exception into an onnxruntime status.
+template <typename Fn>
+OrtStatusPtr StatusFrom(Fn&& fn) noexcept {
+  try {
+    fn();
+    return nullptr;
+  } catch (const Ort::Exception& e) {
+    return Ort::GetApi().CreateStatus(e.GetOrtErrorCode(), e.what());
+  } catch (const std::exception& e) {
+    return Ort::GetApi().CreateStatus(ORT_FAIL, e.what());
+  }
+}
+
+Shape ShapeOf(const Ort::ConstValue& value);
+
+// Scale converted to float32 with its own shape; broadcast against X happens per call (X's shape can be dynamic).
+struct HostScale {
+  Shape shape;
+  std::vector<float> values;
+};
+
+template <typename S>
+HostScale ToHostScale(const Ort::ConstValue& scale) {
+  HostScale host{ShapeOf(scale), {}};
+  const auto count = scale.GetTensorTypeAndShapeInfo().GetElementCount();
+  const S* data = static_cast<const S*>(scale.GetTensorRawData());
+  host.values.resize(count);
+  for (size_t i = 0; i < count; ++i) host.values[i] = ToFloat(data[i]);
+  return host;
+}
+
+template <template <NormKind, typename, typename> class Kernel, NormKind K, typename T, typename S>
+struct NormOp : Ort::CustomOpBase<NormOp<Kernel, K, T, S>, Kernel<K, T, S>, /*WithStatus=*/true> {
+  using Sig = NormSignature<K>;
+  using KernelType = Kernel<K, T, S>;
+
+  NormOp() {
+    // onnxruntime rejects ops whose version exceeds its own API version and ignores the fields it predates.
+    this->version = static_cast<uint32_t>(RuntimeApiVersion());
+    this->InferOutputShapeFn = &InferOutputShape;
+    this->GetMayInplace = &MayInplace;
+    this->ReleaseMayInplace = &ReleaseMayInplaceArrays;
+  }
+
+  const char* GetName() const { return Sig::kName; }
+  const char* GetExecutionProviderType() const { return KernelType::kExecutionProvider; }
+
+  size_t GetInputTypeCount() const { return Sig::kInputs; }
+  ONNXTensorElementDataType GetInputType(size_t index) const {
+    return index == Sig::kScale ? kOrtElementType<S> : kOrtElementType<T>;
+  }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t index) const {
+    return index == Sig::kScale ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+  }
+
+  size_t GetOutputTypeCount() const { return Sig::kOutputs; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return kOrtElementType<T>; }
+  OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t index) const {
+    return index == Sig::kSum ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+  }
+
+  OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
+    return StatusFrom([&] { *kernel = new KernelType(Ort::ConstKernelInfo(info)); });
+  }
+
+ private:
+  // Every output has X's type and shape. Left undetermined when X's rank is unknown (reported as 0 here).
+  static OrtStatusPtr ORT_API_CALL InferOutputShape(const OrtCustomOp*, OrtShapeInferContext* context) {
+    const OrtApi& api = Ort::GetApi();
+    OrtTensorTypeAndShapeInfo* x_info = nullptr;  // owned by the context
+    if (OrtStatus* status = api.ShapeInferContext_GetInputTypeShape(context, Sig::kX, &x_info)) return status;
+    size_t rank = 0;
+    if (OrtStatus* status = api.GetDimensionsCount(x_info, &rank)) return status;
+    for (size_t output = 0; rank > 0 && output < Sig::kOutputs; ++output) {
+      // Fails only for an omitted optional output, which needs no type.
+      if (OrtStatus* status = api.ShapeInferContext_SetOutputTypeShape(context, output, x_info)) api.ReleaseStatus(status);
+    }
+    return nullptr;
+  }
+
+  // Y may reuse X's buffer and `sum` skip's: the kernels read and write each element at the same index.
+  static size_t ORT_API_CALL MayInplace(int** input_index, int** output_index) {
+    constexpr size_t count = Sig::kSkip ? 2 : 1;
+    *input_index = static_cast<int*>(std::malloc(count * sizeof(int)));
+    *output_index = static_cast<int*>(std::malloc(count * sizeof(int)));
+    if (!*input_index || !*output_index) {
+      ReleaseMayInplaceArrays(*input_index, *output_index);
+      *input_index = *output_index = nullptr;
+      return 0;
+    }
+    (*input_index)[0] = static_cast<int>(Sig::kX);
+    (*output_index)[0] = static_cast<int>(Sig::kY);
+    if constexpr (Sig::kSkip) {
+      (*input_index)[1] = static_cast<int>(Sig::kSkipInput);
+      (*output_index)[1] = static_cast<int>(Sig::kSum);
+    }
+    return count;
+  }
+
+  static void ORT_API_CALL ReleaseMayInplaceArrays(int* input_index, int* output_index) {
+    std::free(input_index);
+    std::free(output_index);
+  }
+};
+
+}  // namespace ort_rmsnorm
+
+namespace ort_rmsnorm {
+
+// Ops live in static storage: onnxruntime keeps pointers to them for the life of every session.
+template <template <NormKind, typename, typename> class Kernel, NormKind K, typename T, typename S>
+const OrtCustomOp* StaticNormOp() {
+  static const NormOp<Kernel, K, T, S> op;
+  return &op;
+}
+
+// Both ops for the contract's five (X, scale) type pairs; onnxruntime picks the overload by input types.
+template <template <NormKind, typename, typename> class Kernel>
+void AppendNormOps(std::vector<const OrtCustomOp*>& ops) {
+  for (const OrtCustomOp* op : {
+           StaticNormOp<Kernel, NormKind::kRmsNorm, float, float>(),
+           StaticNormOp<Kernel, NormKind::kRmsNorm, Float16, Float16>(),
+           StaticNormOp<Kernel, NormKind::kRmsNorm, Float16, float>(),
+           StaticNormOp<Kernel, NormKind::kRmsNorm, BFloat16, BFloat16>(),
+           StaticNormOp<Kernel, NormKind::kRmsNorm, BFloat16, float>(),
+           StaticNormOp<Kernel, NormKind::kSkipRmsNorm, float, float>(),
+           StaticNormOp<Kernel, NormKind::kSkipRmsNorm, Float16, Float16>(),
+           StaticNormOp<Kernel, NormKind::kSkipRmsNorm, Float16, float>(),
+           StaticNormOp<Kernel, NormKind::kSkipRmsNorm, BFloat16, BFloat16>(),
+           StaticNormOp<Kernel, NormKind::kSkipRmsNorm, BFloat16, float>(),
+       }) {
+    ops.push_back(op);
+  }
+}
+
+}  // namespace ort_rmsnorm

@@ -1,0 +1,35 @@
+// onnxruntime C++ API, initialized by RegisterCustomOps with the runtime's own API version, so one library built
+// against the API-21 headers runs on older runtimes too. Only call API functions whose "\since" version is at
+// most RuntimeApiVersion(): the function table of an older runtime simply ends earlier.
+#pragma once
+
+#define ORT_API_MANUAL_INIT
+#include <onnxruntime_cxx_api.h>
+#undef ORT_API_MANUAL_INIT
+
+#include <cstdint>
+
+#include "../kernels/rmsnorm_kernels.h"
+
+namespace ort_rmsnorm {
+
+// Oldest runtime API we can serve: status-returning kernels (CreateKernelV2/KernelComputeV2) arrived in 16.
+constexpr int kMinRuntimeApiVersion = 16;
+// API features used only when the runtime has them.
+constexpr int kApiParallelFor = 17;     // KernelContext_ParallelFor
+constexpr int kApiShapeInference = 17;  // OrtCustomOp::InferOutputShapeFn
+constexpr int kApiMayInplace = 18;      // OrtCustomOp::GetMayInplace
+
+// The API version in use: min(runtime's, ORT_API_VERSION). Set once by RegisterCustomOps.
+int RuntimeApiVersion();
+
+template <typename T>
+constexpr ONNXTensorElementDataType kOrtElementType = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+template <>
+constexpr ONNXTensorElementDataType kOrtElementType<float> = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+template <>
+constexpr ONNXTensorElementDataType kOrtElementType<Float16> = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+template <>
+constexpr ONNXTensorElementDataType kOrtElementType<BFloat16> = ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
+
+}  // namespace ort_rmsnorm

@@ -1,0 +1,24 @@
+"""ort-rmsnorm: fused RMSNorm for ONNX Runtime.
+
+- :func:`session_options` / :func:`get_library_path`: load the ``ort_rmsnorm`` custom-op library
+  (ops ``RMSNorm`` and ``SkipRMSNorm``, domain ``ort_rmsnorm``, version 1) into onnxruntime.
+- :func:`fuse`: the graph pass that replaces decomposed RMSNorm subgraphs with the fused op.
+"""
+
+from __future__ import annotations
+
+from ._library import build_info, get_library_path, has_cuda, register, session_options
+
+__version__ = "0.1.0"
+OP_DOMAIN = "ort_rmsnorm"
+OP_VERSION = 1
+
+__all__ = [
+    "OP_DOMAIN",
+    "OP_VERSION",
+    "build_info",
+    "get_library_path",
+    "has_cuda",
+    "register",
+    "session_options",
+]

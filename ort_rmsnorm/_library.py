@@ -1,0 +1,56 @@
+"""Locating the compiled custom-op library and registering it with onnxruntime."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from pathlib import Path
+
+import onnxruntime as ort
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+_LIBRARY_NAMES = {"linux": "libort_rmsnorm.so", "darwin": "libort_rmsnorm.dylib", "win32": "ort_rmsnorm.dll"}
+LIBRARY_ENV = "ORT_RMSNORM_LIBRARY"
+
+
+def get_library_path() -> str:
+    """Path of the custom-op library shipped in this package (or named by $ORT_RMSNORM_LIBRARY)."""
+    override = os.environ.get(LIBRARY_ENV)
+    if override:
+        if not Path(override).is_file():
+            raise FileNotFoundError(f"{LIBRARY_ENV}={override}: no such file")
+        return override
+    path = _PACKAGE_DIR / _LIBRARY_NAMES.get(sys.platform, "libort_rmsnorm.so")
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"the ort_rmsnorm custom-op library is missing ({path}). Install the package with "
+            f"'pip install .' (which builds it), or point {LIBRARY_ENV} at a libort_rmsnorm built with CMake."
+        )
+    return str(path)
+
+
+def register(options: ort.SessionOptions) -> ort.SessionOptions:
+    """Registers the RMSNorm/SkipRMSNorm ops (domain ``ort_rmsnorm``) with ``options`` and returns it."""
+    options.register_custom_ops_library(get_library_path())
+    return options
+
+
+def session_options(options: ort.SessionOptions | None = None) -> ort.SessionOptions:
+    """SessionOptions with the library registered: a new object, or ``options`` itself when given."""
+    return register(options if options is not None else ort.SessionOptions())
+
+
+@functools.lru_cache(maxsize=None)
+def build_info() -> dict:
+    """Facts recorded when the library was built: version, onnxruntime API version, CPU instruction sets, CUDA."""
+    info_path = Path(get_library_path()).with_name("build_info.json")
+    if not info_path.is_file():
+        return {}
+    return json.loads(info_path.read_text())
+
+
+def has_cuda() -> bool:
+    """True when the library was built with the CUDA kernels (CUDAExecutionProvider overloads)."""
+    return bool(build_info().get("cuda", False))

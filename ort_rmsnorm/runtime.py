@@ -1,0 +1,66 @@
+"""Running onnxruntime sessions from numpy, bfloat16 included.
+
+onnxruntime's Python API has no numpy type for bfloat16. Here bfloat16 arrays are ``ml_dtypes.bfloat16`` on both
+sides: inputs travel as OrtValues built on their uint16 bits, outputs are copied out of the OrtValue's buffer.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Mapping, Sequence
+
+import ml_dtypes
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from ._library import register
+
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def make_session(
+    model: onnx.ModelProto | str | bytes,
+    *,
+    custom_ops: bool = True,
+    optimization: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    threads: int | None = None,
+    providers: Sequence[str] = ("CPUExecutionProvider",),
+    options: ort.SessionOptions | None = None,
+) -> ort.InferenceSession:
+    """An InferenceSession for ``model`` (a ModelProto, a path or serialized bytes), with our ops registered."""
+    options = options if options is not None else ort.SessionOptions()
+    options.graph_optimization_level = optimization
+    if threads is not None:
+        options.intra_op_num_threads = threads
+    if custom_ops:
+        register(options)
+    if isinstance(model, onnx.ModelProto):
+        model = model.SerializeToString()
+    return ort.InferenceSession(model, options, providers=list(providers))
+
+
+def _to_ort(array: np.ndarray) -> ort.OrtValue:
+    if array.dtype == BFLOAT16:
+        bits = np.ascontiguousarray(array).view(np.uint16)
+        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(bits, onnx.TensorProto.BFLOAT16)
+    return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))
+
+
+def _to_numpy(value: ort.OrtValue) -> np.ndarray:
+    if value.data_type() == "tensor(bfloat16)":
+        size = value.tensor_size_in_bytes()
+        raw = (ctypes.c_uint8 * size).from_address(value.data_ptr()) if size else b""
+        return np.frombuffer(raw, np.uint16).copy().reshape(value.shape()).view(BFLOAT16)
+    return value.numpy()
+
+
+def run(
+    session: ort.InferenceSession,
+    feeds: Mapping[str, np.ndarray],
+    output_names: Sequence[str] | None = None,
+) -> list[np.ndarray]:
+    """``session.run`` that accepts and returns ml_dtypes.bfloat16 arrays."""
+    values = {name: _to_ort(np.asarray(array)) for name, array in feeds.items()}
+    outputs = session.run_with_ort_values(list(output_names) if output_names else None, values)
+    return [_to_numpy(value) for value in outputs]

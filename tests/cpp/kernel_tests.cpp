@@ -1,0 +1,366 @@
+// Kernel tests without onnxruntime: every instruction set this CPU runs, every element type, against a float64
+// reference, plus agreement between instruction sets. Exit status 0 = all passed.
+//
+//   kernel_tests            run everything
+//   kernel_tests --quick    skip the million-element rows (for slow emulators)
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "norm_geometry.h"
+#include "rmsnorm_kernels.h"
+#include "scalar_convert.h"
+
+using namespace ort_rmsnorm;
+
+namespace {
+
+int g_failures = 0;
+int g_checks = 0;
+
+void Expect(bool ok, const std::string& what) {
+  ++g_checks;
+  if (!ok) {
+    ++g_failures;
+    if (g_failures <= 30) std::printf("FAIL: %s\n", what.c_str());
+  }
+}
+
+template <typename T>
+const char* TypeName();
+template <>
+const char* TypeName<float>() { return "float32"; }
+template <>
+const char* TypeName<Float16>() { return "float16"; }
+template <>
+const char* TypeName<BFloat16>() { return "bfloat16"; }
+
+// Unit roundoff of T (half an ulp at 1).
+template <typename T>
+double UnitRoundoff();
+template <>
+double UnitRoundoff<float>() { return std::ldexp(1.0, -24); }
+template <>
+double UnitRoundoff<Float16>() { return std::ldexp(1.0, -11); }
+template <>
+double UnitRoundoff<BFloat16>() { return std::ldexp(1.0, -8); }
+
+// Smallest positive subnormal of T: the absolute error floor of rounding to T.
+template <typename T>
+double SmallestSubnormal();
+template <>
+double SmallestSubnormal<float>() { return std::ldexp(1.0, -149); }
+template <>
+double SmallestSubnormal<Float16>() { return std::ldexp(1.0, -24); }
+template <>
+double SmallestSubnormal<BFloat16>() { return std::ldexp(1.0, -133); }
+
+// Relative tolerance against the float64 reference: one rounding to T, plus float32 arithmetic (factor, two
+// products) and float32 partial sums of at most 32 terms (see row_algorithm.h), in units of float32 roundoff.
+template <typename T>
+double RelativeTolerance() {
+  return UnitRoundoff<T>() + 40.0 * std::ldexp(1.0, -24);
+}
+
+struct Case {
+  int64_t rows;
+  int64_t cols;
+  bool skip;
+  bool sum_output;
+  bool scale;
+  float epsilon;
+  bool eps_outside_sqrt;
+};
+
+std::string Describe(const char* isa, const char* type, const Case& c) {
+  char text[256];
+  std::snprintf(text, sizeof text, "%s %s rows=%lld cols=%lld skip=%d sum=%d scale=%d eps=%g outside=%d", isa, type,
+                static_cast<long long>(c.rows), static_cast<long long>(c.cols), c.skip, c.sum_output, c.scale,
+                c.epsilon, c.eps_outside_sqrt);
+  return text;
+}
+
+// float64 reference of the contract. For SkipRMSNorm the normalized value is h = round_T(f32(x) + f32(skip)),
+// which is what the unfused graph's Add produces.
+template <typename T>
+void Reference(const Case& c, const std::vector<T>& x, const std::vector<T>& skip, const std::vector<float>& scale,
+               std::vector<double>* y, std::vector<T>* h) {
+  y->resize(x.size());
+  h->resize(x.size());
+  for (int64_t r = 0; r < c.rows; ++r) {
+    double sum_squares = 0.0;
+    for (int64_t i = 0; i < c.cols; ++i) {
+      const size_t k = static_cast<size_t>(r * c.cols + i);
+      (*h)[k] = c.skip ? FromFloat<T>(ToFloat(x[k]) + ToFloat(skip[k])) : x[k];
+      const double v = ToFloat((*h)[k]);
+      sum_squares += v * v;
+    }
+    const double mean_square = sum_squares / static_cast<double>(c.cols);
+    const double rms_eps = c.eps_outside_sqrt ? std::sqrt(mean_square) + c.epsilon : std::sqrt(mean_square + c.epsilon);
+    for (int64_t i = 0; i < c.cols; ++i) {
+      const size_t k = static_cast<size_t>(r * c.cols + i);
+      (*y)[k] = static_cast<double>(ToFloat((*h)[k])) / rms_eps * (c.scale ? scale[static_cast<size_t>(i)] : 1.0);
+    }
+  }
+}
+
+bool SameBits(float a, float b) { return FloatBits(a) == FloatBits(b) || (std::isnan(a) && std::isnan(b)); }
+
+// Runs `kernels` on one case and compares with the reference (and, when given, with another ISA's output).
+template <typename T>
+void RunCase(const CpuKernels& kernels, const Case& c, const std::vector<T>& x, const std::vector<T>& skip,
+             const std::vector<float>& scale, std::vector<T>* y_out) {
+  const size_t n = x.size();
+  std::vector<T> y(n), sum(n);
+  RowBatch<T> batch;
+  batch.x = x.data();
+  batch.skip = c.skip ? skip.data() : nullptr;
+  batch.sum = c.skip && c.sum_output ? sum.data() : nullptr;
+  batch.y = y.data();
+  batch.scale = c.scale ? scale.data() : nullptr;
+  batch.cols = c.cols;
+  batch.epsilon = c.epsilon;
+  batch.eps_outside_sqrt = c.eps_outside_sqrt;
+  // Two calls over disjoint row ranges, as the thread pool would make them.
+  kernels.get<T>()(batch, 0, c.rows / 2);
+  kernels.get<T>()(batch, c.rows / 2, c.rows);
+
+  std::vector<double> reference;
+  std::vector<T> h;
+  Reference(c, x, skip, scale, &reference, &h);
+  const double rtol = RelativeTolerance<T>(), atol = SmallestSubnormal<T>();
+  double worst = 0.0;
+  size_t worst_index = 0;
+  bool ok = true;
+  for (size_t k = 0; k < n; ++k) {
+    const double got = ToFloat(y[k]), want = reference[k];
+    if (std::isnan(want) || std::isnan(got)) {
+      ok = ok && std::isnan(want) && std::isnan(got);
+      continue;
+    }
+    const double excess = std::fabs(got - want) - (atol + rtol * std::fabs(want));
+    if (excess > worst || !(excess <= 0.0)) {
+      worst = excess;
+      worst_index = k;
+      ok = false;
+    }
+  }
+  const std::string name = Describe(kernels.isa, TypeName<T>(), c);
+  if (!ok) {
+    Expect(false, name + ": y[" + std::to_string(worst_index) + "]=" + std::to_string(ToFloat(y[worst_index])) +
+                      " reference=" + std::to_string(reference[worst_index]));
+  } else {
+    Expect(true, name);
+  }
+  if (batch.sum) {
+    bool sum_ok = true;
+    for (size_t k = 0; k < n; ++k) sum_ok = sum_ok && SameBits(ToFloat(sum[k]), ToFloat(h[k]));
+    Expect(sum_ok, name + ": sum output differs from round_T(x + skip)");
+  }
+  *y_out = std::move(y);
+}
+
+template <typename T>
+std::vector<T> RandomValues(std::mt19937& rng, size_t n, double magnitude, double offset = 0.0) {
+  std::normal_distribution<double> normal(offset, magnitude);
+  std::vector<T> values(n);
+  for (auto& v : values) v = FromFloat<T>(static_cast<float>(normal(rng)));
+  return values;
+}
+
+template <typename T>
+void CompareIsas(const std::vector<const CpuKernels*>& isas, const Case& c, std::mt19937& rng, double magnitude) {
+  const size_t n = static_cast<size_t>(c.rows * c.cols);
+  const auto x = RandomValues<T>(rng, n, magnitude, magnitude * 0.3);  // non-zero mean: no centering
+  const auto skip = RandomValues<T>(rng, n, magnitude);
+  std::vector<float> scale(static_cast<size_t>(c.cols));
+  std::uniform_real_distribution<float> gain(-2.0f, 2.0f);
+  for (auto& g : scale) g = gain(rng);
+
+  std::vector<T> first;
+  for (const CpuKernels* kernels : isas) {
+    std::vector<T> y;
+    RunCase<T>(*kernels, c, x, skip, scale, &y);
+    if (first.empty()) {
+      first = std::move(y);
+      continue;
+    }
+    // Instruction sets differ only in float32 summation order: at most 1 ulp of T apart (for float32 the
+    // partial sums differ, so allow the same relative tolerance as against the reference).
+    bool agree = true;
+    for (size_t k = 0; k < n && agree; ++k) {
+      const double a = ToFloat(first[k]), b = ToFloat(y[k]);
+      agree = std::fabs(a - b) <= 2.0 * RelativeTolerance<T>() * std::fabs(a) + SmallestSubnormal<T>();
+    }
+    Expect(agree, Describe(kernels->isa, TypeName<T>(), c) + ": disagrees with " + isas.front()->isa);
+  }
+}
+
+template <typename T>
+void RunMatrix(const std::vector<const CpuKernels*>& isas, bool quick) {
+  std::mt19937 rng(1234);
+  const int64_t sizes[] = {1, 2, 3, 4, 7, 8, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 511, 512, 513, 768, 4095, 4096, 4097, 16384};
+  for (int64_t cols : sizes) {
+    for (int variant = 0; variant < 6; ++variant) {
+      Case c{3, cols, variant >= 3, variant == 4, variant != 1, variant == 2 ? 0.0f : 1e-5f, variant == 5};
+      CompareIsas<T>(isas, c, rng, 1.0);
+    }
+  }
+  // Epsilon comparable to the mean square: placement and value visibly change the result.
+  for (bool outside : {false, true}) CompareIsas<T>(isas, Case{4, 64, false, false, true, 1e-2f, outside}, rng, 0.05);
+  // Many rows, one statistic per row.
+  CompareIsas<T>(isas, Case{257, 96, true, true, true, 1e-6f, false}, rng, 3.0);
+  if (!quick) CompareIsas<T>(isas, Case{2, 1 << 20, true, true, true, 1e-5f, false}, rng, 1.0);
+}
+
+// Values whose squares overflow or underflow float32 (bfloat16/float32 range) or float16 limits.
+template <typename T>
+void RunExtremes(const std::vector<const CpuKernels*>& isas) {
+  const std::vector<float> scale(64, 1.5f);
+  for (double magnitude : {6.0e4, 1.0e-6, 1.0e20, 1.0e36, 3.0e38, 1.0e-30, 1.0e-38}) {
+    if (ToFloat(FromFloat<T>(static_cast<float>(magnitude))) == 0.0f ||
+        std::isinf(ToFloat(FromFloat<T>(static_cast<float>(magnitude))))) {
+      continue;  // not representable in T
+    }
+    for (float epsilon : {0.0f, 1e-6f}) {
+      for (bool skip : {false, true}) {
+        if (skip && magnitude > 1e30) continue;  // x + skip would overflow T: covered by the inf cases
+        std::vector<T> x(2 * 64), s(2 * 64);
+        for (size_t k = 0; k < x.size(); ++k) {
+          x[k] = FromFloat<T>(static_cast<float>(magnitude * (k % 2 ? 1.0 : -0.5)));
+          s[k] = FromFloat<T>(static_cast<float>(magnitude * 0.25));
+        }
+        const Case c{2, 64, skip, skip, true, epsilon, false};
+        // With eps = 0 tiny rows are normalized to O(1); with eps > 0 and tiny inputs eps dominates.
+        for (const CpuKernels* kernels : isas) {
+          std::vector<T> y;
+          RunCase<T>(*kernels, c, x, s, scale, &y);
+        }
+      }
+    }
+  }
+  // NaN and inf propagate through their row only.
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (float special : {nan, inf, -inf}) {
+    std::vector<T> x(3 * 8, FromFloat<T>(1.0f)), s(3 * 8, FromFloat<T>(0.0f));
+    x[9] = FromFloat<T>(special);
+    for (const CpuKernels* kernels : isas) {
+      std::vector<T> y;
+      RunCase<T>(*kernels, Case{3, 8, false, false, false, 1e-5f, false}, x, s, {}, &y);
+      Expect(ToFloat(y[0]) > 0.99f && ToFloat(y[23]) > 0.99f,
+             std::string(kernels->isa) + " " + TypeName<T>() + ": special value leaked into other rows");
+    }
+  }
+  // All-zero rows: 0 with eps > 0; 0/0 = NaN with eps = 0.
+  for (const CpuKernels* kernels : isas) {
+    std::vector<T> zeros(2 * 16, FromFloat<T>(0.0f)), y;
+    RunCase<T>(*kernels, Case{2, 16, false, false, false, 1e-5f, false}, zeros, zeros, {}, &y);
+    RunCase<T>(*kernels, Case{2, 16, false, false, false, 0.0f, false}, zeros, zeros, {}, &y);
+  }
+}
+
+template <typename T>
+void RunInPlace(const std::vector<const CpuKernels*>& isas) {
+  std::mt19937 rng(7);
+  for (const CpuKernels* kernels : isas) {
+    for (bool skip : {false, true}) {
+      const int64_t rows = 5, cols = 37;
+      auto x = RandomValues<T>(rng, rows * cols, 2.0);
+      auto s = RandomValues<T>(rng, rows * cols, 2.0);
+      std::vector<T> expected(x.size()), expected_sum(x.size());
+      RowBatch<T> batch;
+      batch.x = x.data();
+      batch.skip = skip ? s.data() : nullptr;
+      batch.sum = skip ? expected_sum.data() : nullptr;
+      batch.y = expected.data();
+      batch.cols = cols;
+      kernels->get<T>()(batch, 0, rows);
+      // Y over X, sum over skip: the aliasing onnxruntime may choose.
+      batch.y = x.data();
+      batch.sum = skip ? s.data() : nullptr;
+      kernels->get<T>()(batch, 0, rows);
+      bool same = std::memcmp(x.data(), expected.data(), x.size() * sizeof(T)) == 0;
+      if (skip) same = same && std::memcmp(s.data(), expected_sum.data(), s.size() * sizeof(T)) == 0;
+      Expect(same, std::string(kernels->isa) + " " + TypeName<T>() + ": in-place result differs");
+    }
+  }
+}
+
+void TestConversions() {
+  // Every float16 and bfloat16 bit pattern survives float32 and back; float32 -> 16-bit rounds to nearest-even.
+  bool ok = true;
+  for (uint32_t bits = 0; bits <= 0xFFFF; ++bits) {
+    const Float16 h{static_cast<uint16_t>(bits)};
+    const float f = ToFloat(h);
+    if (!std::isnan(f)) ok = ok && FromFloat<Float16>(f).bits == h.bits;
+    const BFloat16 b{static_cast<uint16_t>(bits)};
+    const float g = ToFloat(b);
+    if (!std::isnan(g)) ok = ok && FromFloat<BFloat16>(g).bits == b.bits;
+  }
+  Expect(ok, "16-bit round trips");
+  Expect(FromFloat<Float16>(65519.0f).bits == 0x7BFF && FromFloat<Float16>(65520.0f).bits == 0x7C00, "float16 overflow");
+  Expect(FromFloat<Float16>(1.0f + std::ldexp(1.0f, -11)).bits == 0x3C00, "float16 tie to even (down)");
+  Expect(FromFloat<Float16>(1.0f + 3 * std::ldexp(1.0f, -11)).bits == 0x3C02, "float16 tie to even (up)");
+  Expect(FromFloat<Float16>(std::ldexp(1.0f, -25)).bits == 0x0000, "float16 subnormal tie to zero");
+  Expect(FromFloat<Float16>(std::ldexp(3.0f, -26)).bits == 0x0001, "float16 subnormal rounds up");
+  Expect(FromFloat<BFloat16>(1.0f + std::ldexp(1.0f, -8)).bits == 0x3F80, "bfloat16 tie to even");
+  Expect(std::isnan(ToFloat(FromFloat<BFloat16>(std::numeric_limits<float>::quiet_NaN()))), "bfloat16 NaN");
+  Expect(std::isnan(ToFloat(FromFloat<Float16>(std::numeric_limits<float>::quiet_NaN()))), "float16 NaN");
+}
+
+void TestGeometry() {
+  NormGeometry g;
+  Expect(ResolveGeometry({2, 3, 4}, -2, &g).empty() && g.rows == 2 && g.cols == 12 && g.axis == 1, "axis -2");
+  Expect(!ResolveGeometry({2, 3, 4}, 3, &g).empty(), "axis 3 out of range");
+  Expect(!ResolveGeometry({2, 3, 4}, -4, &g).empty(), "axis -4 out of range");
+  ResolveGeometry({2, 3, 4}, -2, &g);
+  ScaleLayout layout;
+  Expect(CheckScaleShape({3, 4}, {2, 3, 4}, g, &layout).empty() && layout == ScaleLayout::kPerElement, "[3,4]");
+  Expect(CheckScaleShape({1, 1, 3, 4}, {2, 3, 4}, g, &layout).size() > 0, "scale rank above X rank");
+  Expect(CheckScaleShape({1, 3, 4}, {2, 3, 4}, g, &layout).empty() && layout == ScaleLayout::kPerElement, "[1,3,4]");
+  Expect(CheckScaleShape({4}, {2, 3, 4}, g, &layout).empty() && layout == ScaleLayout::kBroadcast, "[4]");
+  Expect(CheckScaleShape({3, 1}, {2, 3, 4}, g, &layout).empty() && layout == ScaleLayout::kBroadcast, "[3,1]");
+  Expect(!CheckScaleShape({2, 3, 4}, {2, 3, 4}, g, &layout).empty(), "scale varying along rows");
+  Expect(!CheckScaleShape({5}, {2, 3, 4}, g, &layout).empty(), "scale [5]");
+  std::vector<float> out(12);
+  const float column[3] = {1, 2, 3};
+  ExpandScale(column, {3, 1}, g, out.data());
+  Expect(out[0] == 1 && out[3] == 1 && out[4] == 2 && out[11] == 3, "expand [3,1] over [3,4]");
+  const float row[4] = {5, 6, 7, 8};
+  ExpandScale(row, {4}, g, out.data());
+  Expect(out[0] == 5 && out[3] == 8 && out[4] == 5 && out[11] == 8, "expand [4] over [3,4]");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  std::vector<const CpuKernels*> isas;
+  for (CpuIsa isa : kAllCpuIsas) {
+    if (const CpuKernels* kernels = CpuKernelsFor(isa)) isas.push_back(kernels);
+  }
+  const char* error = nullptr;
+  std::printf("instruction sets on this CPU:");
+  for (const CpuKernels* kernels : isas) std::printf(" %s", kernels->isa);
+  std::printf(" (dispatch picks %s)\n", SelectCpuKernels(nullptr, &error)->isa);
+
+  TestConversions();
+  TestGeometry();
+  RunMatrix<float>(isas, quick);
+  RunMatrix<Float16>(isas, quick);
+  RunMatrix<BFloat16>(isas, quick);
+  RunExtremes<float>(isas);
+  RunExtremes<Float16>(isas);
+  RunExtremes<BFloat16>(isas);
+  RunInPlace<float>(isas);
+  RunInPlace<Float16>(isas);
+  RunInPlace<BFloat16>(isas);
+
+  std::printf("%d checks, %d failures\n", g_checks, g_failures);
+  return g_failures == 0 ? 0 : 1;
+}
