@@ -10,7 +10,6 @@ from pathlib import Path
 
 import onnxruntime as ort
 
-_PACKAGE_DIR = Path(__file__).resolve().parent
 _LIBRARY_NAMES = {"linux": "libort_rmsnorm.so", "darwin": "libort_rmsnorm.dylib", "win32": "ort_rmsnorm.dll"}
 LIBRARY_ENV = "ORT_RMSNORM_LIBRARY"
 
@@ -22,13 +21,17 @@ def get_library_path() -> str:
         if not Path(override).is_file():
             raise FileNotFoundError(f"{LIBRARY_ENV}={override}: no such file")
         return override
-    path = _PACKAGE_DIR / _LIBRARY_NAMES.get(sys.platform, "libort_rmsnorm.so")
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"the ort_rmsnorm custom-op library is missing ({path}). Install the package with "
-            f"'pip install .' (which builds it), or point {LIBRARY_ENV} at a libort_rmsnorm built with CMake."
-        )
-    return str(path)
+    name = _LIBRARY_NAMES.get(sys.platform, "libort_rmsnorm.so")
+    # All of the package's directories: an editable install splits sources and built files.
+    package_dirs = [Path(entry) for entry in sys.modules[__package__].__path__]
+    for path in (directory / name for directory in package_dirs):
+        if path.is_file():
+            return str(path)
+    raise FileNotFoundError(
+        f"the ort_rmsnorm custom-op library {name} is missing from {[str(d) for d in package_dirs]}. "
+        "Install the package with "
+        f"'pip install .' (which builds it), or point {LIBRARY_ENV} at a libort_rmsnorm built with CMake."
+    )
 
 
 def register(options: ort.SessionOptions) -> ort.SessionOptions:

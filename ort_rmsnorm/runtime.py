@@ -42,9 +42,9 @@ def make_session(
 
 def _to_ort(array: np.ndarray) -> ort.OrtValue:
     if array.dtype == BFLOAT16:
-        bits = np.ascontiguousarray(array).view(np.uint16)
+        bits = np.require(array, requirements="C").view(np.uint16)
         return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(bits, onnx.TensorProto.BFLOAT16)
-    return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))
+    return ort.OrtValue.ortvalue_from_numpy(np.require(array, requirements="C"))  # keeps 0-d arrays 0-d
 
 
 def _to_numpy(value: ort.OrtValue) -> np.ndarray:

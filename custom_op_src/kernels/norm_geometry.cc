@@ -13,6 +13,7 @@ std::string ShapeToString(const Shape& shape) {
 
 std::string ResolveGeometry(const Shape& x_shape, int64_t axis, NormGeometry* geometry) {
   const int64_t rank = static_cast<int64_t>(x_shape.size());
+  if (rank == 0) return "X is a scalar; it needs at least one dim to normalize";
   if (axis < -rank || axis >= rank) {
     return "axis " + std::to_string(axis) + " is out of range for X of shape " + ShapeToString(x_shape) +
            " (valid: " + std::to_string(-rank) + " to " + std::to_string(rank - 1) + ")";

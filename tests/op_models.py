@@ -1,0 +1,69 @@
+"""One-node models using our ops, for the operator tests."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from reference import BFLOAT16
+
+ONNX_TYPE = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16, BFLOAT16: TensorProto.BFLOAT16}
+
+# The (X, scale) type pairs of the contract.
+TYPE_PAIRS = [
+    (np.dtype(np.float32), np.dtype(np.float32)),
+    (np.dtype(np.float16), np.dtype(np.float16)),
+    (np.dtype(np.float16), np.dtype(np.float32)),
+    (BFLOAT16, BFLOAT16),
+    (BFLOAT16, np.dtype(np.float32)),
+]
+
+
+def _initializer(name: str, array: np.ndarray) -> onnx.TensorProto:
+    array = np.asarray(array)
+    if array.dtype == BFLOAT16:
+        return helper.make_tensor(name, TensorProto.BFLOAT16, array.shape, array.view(np.uint16).tobytes(), raw=True)
+    return numpy_helper.from_array(array, name)
+
+
+def norm_model(
+    x_dtype,
+    scale_dtype=None,
+    *,
+    skip: bool = False,
+    sum_output: bool = False,
+    x_shape=("rows", "a", "b"),
+    scale_shape=None,
+    constant_scale: np.ndarray | None = None,
+    attributes: dict | None = None,
+    node_name: str = "norm0",
+) -> onnx.ModelProto:
+    """RMSNorm (or SkipRMSNorm) over input `x` (and `skip`); the scale is a graph input of `scale_shape`, or the
+    initializer `constant_scale`, or absent."""
+    x_type = ONNX_TYPE[np.dtype(x_dtype)]
+    inputs = [helper.make_tensor_value_info("x", x_type, list(x_shape) if x_shape is not None else None)]
+    node_inputs = ["x"]
+    initializers = []
+    if skip:
+        inputs.append(helper.make_tensor_value_info("skip", x_type, list(x_shape) if x_shape is not None else None))
+        node_inputs.append("skip")
+    if constant_scale is not None:
+        initializers.append(_initializer("scale", constant_scale))
+        node_inputs.append("scale")
+    elif scale_shape is not None:
+        inputs.append(helper.make_tensor_value_info("scale", ONNX_TYPE[np.dtype(scale_dtype)], list(scale_shape)))
+        node_inputs.append("scale")
+    outputs = [helper.make_tensor_value_info("y", x_type, None)]
+    node_outputs = ["y"]
+    if sum_output:
+        outputs.append(helper.make_tensor_value_info("sum", x_type, None))
+        node_outputs.append("sum")
+    node = helper.make_node(
+        "SkipRMSNorm" if skip else "RMSNorm", node_inputs, node_outputs, name=node_name, domain="ort_rmsnorm",
+        **(attributes or {}),
+    )
+    graph = helper.make_graph([node], "norm", inputs, outputs, initializer=initializers)
+    return helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ort_rmsnorm", 1)], ir_version=9
+    )

@@ -1,0 +1,233 @@
+"""RMSNorm / SkipRMSNorm run in onnxruntime versus the float64 reference: every type pair, axis, epsilon placement,
+scale layout, odd sizes and row counts."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from op_models import TYPE_PAIRS, norm_model
+from ort_rmsnorm.runtime import make_session, run
+from reference import assert_matches_reference, random_array, rmsnorm
+
+PAIR_IDS = [f"{x.name}-{s.name}" for x, s in TYPE_PAIRS]
+EPSILON_MODES = [  # (epsilon, eps_outside_sqrt)
+    (1e-5, 0),
+    (1e-2, 1),
+    (0.0, 0),
+    (1e-2, 0),
+]
+
+
+def _session(model, threads=1):
+    return make_session(model, threads=threads)
+
+
+def _check(session, x_dtype, x, scale=None, skip=None, *, axis, epsilon, outside, sum_output=False, what=""):
+    feeds = {"x": x}
+    if skip is not None:
+        feeds["skip"] = skip
+    if scale is not None:
+        feeds["scale"] = scale
+    outputs = run(session, feeds)
+    expected, h = rmsnorm(x, scale, axis=axis, epsilon=epsilon, eps_outside_sqrt=bool(outside), skip=skip)
+    assert outputs[0].dtype == x_dtype, f"{what}: output dtype {outputs[0].dtype} != {x_dtype}"
+    assert_matches_reference(outputs[0], expected, x_dtype, what)
+    if sum_output:
+        assert outputs[1].dtype == x_dtype
+        np.testing.assert_array_equal(outputs[1].view(np.uint8), h.view(np.uint8), err_msg=f"{what}: sum output")
+
+
+@pytest.mark.parametrize("x_dtype,scale_dtype", TYPE_PAIRS, ids=PAIR_IDS)
+@pytest.mark.parametrize("axis", [-1, -2, -3])
+@pytest.mark.parametrize("epsilon,outside", EPSILON_MODES, ids=["eps1e-5", "eps-outside", "eps0", "eps1e-2"])
+@pytest.mark.parametrize("skip", [False, True], ids=["rmsnorm", "skip"])
+def test_type_pairs_axes_epsilon(rng, x_dtype, scale_dtype, axis, epsilon, outside, skip):
+    normalized_rank = -axis
+    scale_shape = ["a", "b"][2 - normalized_rank :] if normalized_rank <= 2 else ["r", "a", "b"]
+    model = norm_model(
+        x_dtype, scale_dtype, skip=skip, sum_output=skip, x_shape=("r", "a", "b"),
+        scale_shape=scale_shape if normalized_rank <= 2 else None,
+        attributes={"axis": axis, "epsilon": epsilon, "eps_outside_sqrt": outside},
+    )
+    session = _session(model)
+    for shape in [(2, 3, 17), (1, 1, 1), (4, 2, 4097), (3, 5, 64)]:
+        x = random_array(rng, shape, x_dtype, magnitude=0.05 if epsilon >= 1e-2 else 1.0)
+        skip_value = random_array(rng, shape, x_dtype, magnitude=0.05 if epsilon >= 1e-2 else 1.0) if skip else None
+        scale = None
+        if normalized_rank <= 2:
+            scale = (rng.uniform(-2, 2, shape[axis:])).astype(np.float32).astype(scale_dtype)
+        _check(session, x_dtype, x, scale, skip_value, axis=axis, epsilon=epsilon, outside=outside,
+               sum_output=skip, what=f"shape {shape}")
+
+
+@pytest.mark.parametrize("x_dtype,scale_dtype", TYPE_PAIRS, ids=PAIR_IDS)
+@pytest.mark.parametrize("cols", [1, 3, 17, 4095, 4097, 16384])
+@pytest.mark.parametrize("rows", [0, 1, 7, 2000])
+def test_odd_sizes_and_row_counts(rng, x_dtype, scale_dtype, cols, rows):
+    model = norm_model(x_dtype, scale_dtype, x_shape=("rows", "cols"), scale_shape=["cols"])
+    session = _session(model, threads=2)
+    x = random_array(rng, (rows, cols), x_dtype)
+    scale = rng.uniform(0.5, 1.5, cols).astype(np.float32).astype(scale_dtype)
+    _check(session, x_dtype, x, scale, axis=-1, epsilon=1e-5, outside=0, what=f"{rows}x{cols}")
+
+
+@pytest.mark.parametrize("x_dtype,scale_dtype", TYPE_PAIRS, ids=PAIR_IDS)
+@pytest.mark.parametrize(
+    "scale_shape,axis",
+    [((64,), -1), ((1,), -1), ((1, 1, 64), -1), ((8, 64), -2), ((8, 1), -2), ((1, 64), -2), ((1,), -2), ((64,), -2)],
+    ids=lambda v: str(v),
+)
+@pytest.mark.parametrize("constant", [False, True], ids=["input", "initializer"])
+def test_scale_layouts(rng, x_dtype, scale_dtype, scale_shape, axis, constant):
+    scale = rng.uniform(-2, 2, scale_shape).astype(np.float32).astype(scale_dtype)
+    model = norm_model(
+        x_dtype, scale_dtype, x_shape=("r", 8, 64), scale_shape=None if constant else scale_shape,
+        constant_scale=scale if constant else None, attributes={"axis": axis},
+    )
+    session = _session(model)
+    x = random_array(rng, (5, 8, 64), x_dtype)
+    feeds_scale = None if constant else scale
+    outputs = run(session, {"x": x, **({"scale": feeds_scale} if feeds_scale is not None else {})})
+    expected, _ = rmsnorm(x, scale, axis=axis)
+    assert_matches_reference(outputs[0], expected, x_dtype, f"scale {scale_shape}")
+
+
+@pytest.mark.parametrize("x_dtype", [np.dtype(np.float32), np.dtype(np.float16), TYPE_PAIRS[3][0]], ids=str)
+@pytest.mark.parametrize("skip", [False, True])
+def test_no_scale_and_sum_output_optional(rng, x_dtype, skip):
+    model = norm_model(x_dtype, skip=skip, sum_output=False, x_shape=("r", "d"))
+    session = _session(model)
+    x = random_array(rng, (6, 40), x_dtype)
+    skip_value = random_array(rng, (6, 40), x_dtype) if skip else None
+    _check(session, x_dtype, x, None, skip_value, axis=-1, epsilon=1e-5, outside=0)
+
+
+def test_empty_tensors(rng):
+    model = norm_model(np.float32, np.float32, skip=True, sum_output=True, x_shape=("r", "d"), scale_shape=["d"])
+    session = _session(model)
+    for shape in [(0, 8), (4, 0), (0, 0)]:
+        x = np.zeros(shape, np.float32)
+        y, h = run(session, {"x": x, "skip": x, "scale": np.ones(shape[1:], np.float32)})
+        assert y.shape == shape and h.shape == shape
+
+
+@pytest.mark.parametrize("x_dtype", [np.dtype(np.float32), np.dtype(np.float16), TYPE_PAIRS[3][0]], ids=str)
+def test_nan_and_inf_stay_in_their_row(x_dtype):
+    model = norm_model(x_dtype, x_shape=("r", "d"), attributes={"epsilon": 1e-5})
+    session = _session(model)
+    x = np.ones((4, 16), np.float32)
+    x[1, 3] = np.nan
+    x[2, 5] = np.inf
+    x[3, :] = 0.0
+    x = x.astype(x_dtype)
+    (y,) = run(session, {"x": x})
+    expected, _ = rmsnorm(x)
+    assert_matches_reference(y, expected, x_dtype, "special values")
+    assert np.all(np.isnan(y[1].astype(np.float32)))
+    assert np.all(y[3].astype(np.float32) == 0.0)
+    assert np.all(y[0].astype(np.float32) == 1.0) or np.allclose(y[0].astype(np.float32), 1.0, rtol=1e-3)
+
+
+@pytest.mark.parametrize(
+    "x_dtype,values",
+    [
+        (np.dtype(np.float16), [65504.0, -60000.0]),  # squares overflow float16 but not float32
+        (np.dtype(np.float16), [1e-7, -6e-8]),  # float16 subnormals
+        (TYPE_PAIRS[3][0], [3.0e38, -1.0e38]),  # squares overflow float32: recomputed in float64
+        (TYPE_PAIRS[3][0], [1e-38, -3e-39]),  # squares underflow float32
+        (np.dtype(np.float32), [3.0e38, 1.0e30]),
+        (np.dtype(np.float32), [1e-40, -1e-42]),
+    ],
+    ids=["f16-max", "f16-subnormal", "bf16-max", "bf16-tiny", "f32-max", "f32-subnormal"],
+)
+@pytest.mark.parametrize("epsilon", [0.0, 1e-6])
+def test_values_near_type_limits(x_dtype, values, epsilon):
+    model = norm_model(x_dtype, x_shape=("r", "d"), attributes={"epsilon": epsilon})
+    session = _session(model)
+    x = np.resize(np.array(values, np.float32), (3, 64)).astype(x_dtype)
+    (y,) = run(session, {"x": x})
+    expected, _ = rmsnorm(x, epsilon=epsilon)
+    assert np.all(np.isfinite(expected)), "test data must have a representable result"
+    assert_matches_reference(y, expected, x_dtype, f"values {values}")
+
+
+def test_epsilon_placement_and_value_are_distinguishable(rng):
+    """Tolerances must not hide semantic errors: with epsilon comparable to the mean square, the wrong placement or
+    a dropped epsilon is hundreds of tolerances away."""
+    x = random_array(rng, (4, 64), np.float32, magnitude=0.05)
+    results = {}
+    for epsilon, outside in [(1e-2, 0), (1e-2, 1), (0.0, 0)]:
+        session = _session(norm_model(np.float32, x_shape=("r", "d"),
+                                      attributes={"epsilon": epsilon, "eps_outside_sqrt": outside}))
+        results[(epsilon, outside)] = run(session, {"x": x})[0].astype(np.float64)
+    rtol, _ = __import__("reference").tolerance(np.float32)
+    for a, b in itertools.combinations(results.values(), 2):
+        assert np.max(np.abs(a - b) / np.abs(b)) > 100 * rtol
+
+
+def test_additive_shift_is_not_removed(rng):
+    """RMSNorm is not LayerNorm: adding a constant to every element changes the direction of the output."""
+    session = _session(norm_model(np.float32, x_shape=("r", "d")))
+    x = np.array([[1.0, 3.0]], np.float32)
+    (y,) = run(session, {"x": x})
+    (y_shifted,) = run(session, {"x": x + 2.0})
+    expected_shifted, _ = rmsnorm(x + 2.0)
+    assert_matches_reference(y_shifted, expected_shifted, np.float32)
+    assert not np.allclose(y, y_shifted, atol=1e-2)
+
+
+def test_thread_pool_result_matches_single_thread(rng):
+    """Rows are independent, so splitting them over the pool must give bit-identical results."""
+    model = norm_model(np.float32, np.float32, skip=True, sum_output=True, x_shape=("r", "d"), scale_shape=["d"])
+    x = random_array(rng, (512, 1024), np.float32)
+    s = random_array(rng, (512, 1024), np.float32)
+    scale = rng.uniform(0.5, 1.5, 1024).astype(np.float32)
+    one = run(_session(model, threads=1), {"x": x, "skip": s, "scale": scale})
+    two = run(_session(model, threads=2), {"x": x, "skip": s, "scale": scale})
+    for a, b in zip(one, two):
+        np.testing.assert_array_equal(a, b)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    shape=st.lists(st.integers(0, 40), min_size=1, max_size=4),
+    data=st.data(),
+    pair=st.sampled_from(range(len(TYPE_PAIRS))),
+    skip=st.booleans(),
+    outside=st.booleans(),
+    epsilon=st.sampled_from([0.0, 1e-6, 1e-5, 0.1]),
+)
+def test_property_random_shapes(shape, data, pair, skip, outside, epsilon):
+    x_dtype, scale_dtype = TYPE_PAIRS[pair]
+    rank = len(shape)
+    axis = data.draw(st.integers(-rank, rank - 1), label="axis")
+    normalized = shape[axis % rank:]
+    # A random broadcastable scale: each normalized dim kept or set to 1, maybe fewer leading dims.
+    drop = data.draw(st.integers(0, len(normalized)), label="dropped leading dims")
+    scale_shape = [d if data.draw(st.booleans()) else 1 for d in normalized[drop:]]
+    use_scale = data.draw(st.booleans(), label="scale")
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="seed"))
+    model = norm_model(
+        x_dtype, scale_dtype, skip=skip, sum_output=skip, x_shape=[f"d{i}" for i in range(rank)],
+        scale_shape=[f"s{i}" for i in range(len(scale_shape))] if use_scale else None,
+        attributes={"axis": axis, "epsilon": epsilon, "eps_outside_sqrt": int(outside)},
+    )
+    x = random_array(rng, shape, x_dtype)
+    s = random_array(rng, shape, x_dtype) if skip else None
+    scale = rng.uniform(-2, 2, scale_shape).astype(np.float32).astype(scale_dtype) if use_scale else None
+    _check(_session(model), x_dtype, x, scale, s, axis=axis, epsilon=epsilon, outside=outside, sum_output=skip,
+           what=f"shape {shape} axis {axis} scale {scale_shape if use_scale else None}")
+
+
+def test_library_loads_in_a_default_session():
+    session = ort.InferenceSession(norm_model(np.float32, x_shape=(2, 4)).SerializeToString(),
+                                   __import__("ort_rmsnorm").session_options(), providers=["CPUExecutionProvider"])
+    (y,) = session.run(None, {"x": np.array([[1, 2, 3, 4], [0, 0, 0, 1]], np.float32)})
+    expected, _ = rmsnorm(np.array([[1, 2, 3, 4], [0, 0, 0, 1]], np.float32))
+    assert_matches_reference(y, expected, np.float32)
