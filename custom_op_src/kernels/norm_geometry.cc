@@ -6,7 +6,7 @@ std::string ShapeToString(const Shape& shape) {
   std::string text = "[";
   for (size_t i = 0; i < shape.size(); ++i) {
     if (i) text += ", ";
-    text += std::to_string(shape[i]);
+    text += shape[i] < 0 ? std::string("?") : std::to_string(shape[i]);
   }
   return text + "]";
 }
@@ -54,28 +54,32 @@ std::string CheckScaleShape(const Shape& scale_shape, const Shape& x_shape, cons
   return "";
 }
 
-void ExpandScale(const float* scale, const Shape& scale_shape, const NormGeometry& geometry, float* out) {
-  const Shape& normalized = geometry.normalized_shape;
-  const size_t rank = normalized.size();
-  // Stride of each normalized dim in `scale` (0 where scale broadcasts), right-aligned.
-  std::vector<int64_t> strides(rank, 0);
-  int64_t stride = 1;
-  for (size_t k = 1; k <= rank && k <= scale_shape.size(); ++k) {
-    const int64_t dim = scale_shape[scale_shape.size() - k];
-    if (dim != 1) strides[rank - k] = stride;
-    stride *= dim;
-  }
-  std::vector<int64_t> index(rank, 0);
-  int64_t source = 0;
-  for (int64_t i = 0; i < geometry.cols; ++i) {
-    out[i] = scale[source];
-    for (size_t d = rank; d-- > 0;) {  // odometer increment, last dim fastest
-      source += strides[d];
-      if (++index[d] < normalized[d]) break;
-      source -= strides[d] * normalized[d];
-      index[d] = 0;
+bool MakeScaleBroadcast(const Shape& scale_shape, const Shape& normalized_shape, ScaleBroadcast* broadcast) {
+  *broadcast = ScaleBroadcast{};
+  const size_t scale_rank = scale_shape.size(), normalized_rank = normalized_shape.size();
+  int64_t scale_stride = 1;
+  for (size_t k = 1; k <= normalized_rank; ++k) {  // k-th dim from the right, innermost first
+    const int64_t dim = normalized_shape[normalized_rank - k];
+    const int64_t scale_dim = k <= scale_rank ? scale_shape[scale_rank - k] : 1;
+    const int64_t stride = scale_dim == 1 ? 0 : scale_stride;
+    scale_stride *= scale_dim;
+    if (dim == 1) continue;
+    const int last = broadcast->rank - 1;
+    if (last >= 0 && (stride == 0) == (broadcast->strides[last] == 0) &&
+        (stride == 0 || stride == broadcast->strides[last] * broadcast->dims[last])) {
+      broadcast->dims[last] *= dim;
+      continue;
     }
+    if (broadcast->rank == kMaxScaleDims) return false;
+    broadcast->dims[broadcast->rank] = dim;
+    broadcast->strides[broadcast->rank] = stride;
+    ++broadcast->rank;
   }
+  return true;
+}
+
+void ExpandScale(const float* scale, const ScaleBroadcast& broadcast, int64_t cols, float* out) {
+  for (int64_t i = 0; i < cols; ++i) out[i] = scale[BroadcastSource(broadcast, i)];
 }
 
 }  // namespace ort_rmsnorm

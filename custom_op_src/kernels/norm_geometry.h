@@ -6,10 +6,13 @@
 #include <string>
 #include <vector>
 
+#include "row_statistics.h"  // ORT_RMSNORM_HOST_DEVICE
+
 namespace ort_rmsnorm {
 
 using Shape = std::vector<int64_t>;
 
+// "[2, 8]"; dims not known statically (negative) print as "?".
 std::string ShapeToString(const Shape& shape);
 
 // X viewed as [rows, cols]: the dims [axis, rank) are normalized together.
@@ -35,7 +38,35 @@ enum class ScaleLayout {
 std::string CheckScaleShape(const Shape& scale_shape, const Shape& x_shape, const NormGeometry& geometry,
                             ScaleLayout* layout);
 
-// Writes the broadcast of `scale` (already float32, `scale_shape` valid per CheckScaleShape) into `out[cols]`.
-void ExpandScale(const float* scale, const Shape& scale_shape, const NormGeometry& geometry, float* out);
+// A broadcast of a valid scale over the normalized dims, reduced to at most kMaxScaleDims dims: normalized dims of
+// size 1 dropped, neighbours that both broadcast (or both don't) merged. dims/strides innermost first; stride 0 means
+// the scale repeats along that dim. A plain struct, so the CUDA kernels take it by value.
+constexpr int kMaxScaleDims = 8;
+struct ScaleBroadcast {
+  int rank = 0;
+  int64_t dims[kMaxScaleDims] = {};
+  int64_t strides[kMaxScaleDims] = {};
+};
+
+// The broadcast of a scale of `scale_shape` over `normalized_shape` (a valid pair per CheckScaleShape). Returns false
+// when the pattern needs more than kMaxScaleDims dims (it alternates broadcast and non-broadcast dims that often).
+bool MakeScaleBroadcast(const Shape& scale_shape, const Shape& normalized_shape, ScaleBroadcast* broadcast);
+
+namespace {  // internal linkage: see row_statistics.h
+
+// Index into the scale of element i of a row.
+ORT_RMSNORM_HOST_DEVICE inline int64_t BroadcastSource(const ScaleBroadcast& broadcast, int64_t i) {
+  int64_t source = 0;
+  for (int d = 0; d < broadcast.rank; ++d) {
+    source += i % broadcast.dims[d] * broadcast.strides[d];
+    i /= broadcast.dims[d];
+  }
+  return source;
+}
+
+}  // namespace
+
+// Writes the broadcast of `scale` (already float32) into `out[cols]`.
+void ExpandScale(const float* scale, const ScaleBroadcast& broadcast, int64_t cols, float* out);
 
 }  // namespace ort_rmsnorm

@@ -13,10 +13,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <limits>
 #include <type_traits>
 
 #include "rmsnorm_kernels.h"
+#include "row_statistics.h"
 #include "scalar_convert.h"
 
 namespace ort_rmsnorm {
@@ -26,18 +26,6 @@ namespace {
 // stays float32-fast, each float32 partial sum adds at most 512 / (4 * kWidth) terms (32 with 4-wide lanes), and
 // million-element rows keep float64-like accuracy.
 constexpr int64_t kSumBlock = 512;
-
-// When is the float32 statistic trustworthy? A sum that is not finite has overflowed (|x| > 1.8e19) or met inf/NaN.
-// A sum below kMinFastSumSquares may have lost terms to underflow (squares of |x| < 1e-19 are subnormal); that
-// matters only when epsilon does not dominate it (epsilon < kMinEpsilonForTinySums). Other rows are redone in
-// double. All-zero padding rows with the usual epsilon stay on the fast path.
-constexpr double kMinFastSumSquares = 0x1p-60;
-constexpr double kMinEpsilonForTinySums = 0x1p-40;
-
-inline bool FastPathIsAccurate(double sum_squares, float epsilon) {
-  return sum_squares <= std::numeric_limits<double>::max() &&
-         (sum_squares >= kMinFastSumSquares || epsilon >= kMinEpsilonForTinySums);
-}
 
 // Partial vectors at a row's end go through a zero-padded stack buffer, so V needs only full-width loads/stores.
 template <class V, typename T>
@@ -141,11 +129,6 @@ void ScaleRow(const T* src, T* y, int64_t n, float factor, const float* scale) {
     for (; i + W <= n; i += W) V::Store(y + i, V::Mul(V::Load(src + i), f));
     if (i < n) StorePartial<V>(y + i, V::Mul(LoadPartial<V>(src + i, n - i), f), n - i);
   }
-}
-
-inline double InverseRms(double sum_squares, int64_t n, double epsilon, bool eps_outside_sqrt) {
-  const double mean_square = sum_squares / static_cast<double>(n);
-  return eps_outside_sqrt ? 1.0 / (std::sqrt(mean_square) + epsilon) : 1.0 / std::sqrt(mean_square + epsilon);
 }
 
 // The whole row in double: for rows whose float32 statistic is not trustworthy (see kMinFastSumSquares).

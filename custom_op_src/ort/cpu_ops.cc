@@ -60,7 +60,10 @@ class CpuNormKernel {
       const Ort::ConstValue scale = info.GetTensorConstantInput(Sig::kScale, &is_constant);
       if (is_constant) constant_scale_ = ToHostScale<S>(scale);
     }
-    CheckStaticShapes(info);
+    const std::optional<StaticInput> x = attributes_.CheckStaticInput(info);
+    if (x && constant_scale_ && x->normalized_dims_known) {
+      attributes_.ScaleLayoutFor(constant_scale_->shape, x->x_shape, x->geometry);
+    }
   }
 
   OrtStatusPtr ComputeV2(OrtKernelContext* raw_context) {
@@ -68,65 +71,39 @@ class CpuNormKernel {
   }
 
  private:
-  // Problems visible from the model's static shapes are reported at session creation rather than at first run.
-  void CheckStaticShapes(const Ort::ConstKernelInfo& info) const {
-    const Ort::TypeInfo x_type = info.GetInputTypeInfo(Sig::kX);
-    if (x_type.GetONNXType() != ONNX_TYPE_TENSOR) return;
-    const Shape x_shape = x_type.GetTensorTypeAndShapeInfo().GetShape();
-    if (x_shape.empty()) return;  // unknown rank (or a scalar, which fails at run time with its shape)
-    NormGeometry geometry;
-    if (std::string error = ResolveGeometry(x_shape, attributes_.axis, &geometry); !error.empty()) {
-      attributes_.Fail(error);
-    }
-    const bool dims_known = std::none_of(x_shape.begin(), x_shape.end(), [](int64_t d) { return d < 0; });
-    if (constant_scale_ && dims_known) ResolveScaleLayout(constant_scale_->shape, x_shape, geometry);
-  }
-
-  ScaleLayout ResolveScaleLayout(const Shape& scale_shape, const Shape& x_shape, const NormGeometry& geometry) const {
-    ScaleLayout layout;
-    if (std::string error = CheckScaleShape(scale_shape, x_shape, geometry, &layout); !error.empty()) {
-      attributes_.Fail(error);
-    }
-    return layout;
+  // `count` float32 values of `scale` (of `scale_shape`) laid out over a row: used in place when already per
+  // element, else broadcast into a per-thread buffer.
+  const float* LayOutScale(const float* scale, const Shape& scale_shape, const Shape& x_shape,
+                           const NormGeometry& geometry, int slot) const {
+    if (attributes_.ScaleLayoutFor(scale_shape, x_shape, geometry) == ScaleLayout::kPerElement) return scale;
+    float* expanded = ThreadBuffer(slot, static_cast<size_t>(geometry.cols));
+    ExpandScale(scale, attributes_.BroadcastFor(scale_shape, geometry), geometry.cols, expanded);
+    return expanded;
   }
 
   // The scale as `cols` float32 values in row order, or nullptr when the node has none.
   const float* ScaleForCall(const Ort::KernelContext& context, const Shape& x_shape,
                             const NormGeometry& geometry) const {
-    const size_t cols = static_cast<size_t>(geometry.cols);
-    if (constant_scale_) {
-      if (ResolveScaleLayout(constant_scale_->shape, x_shape, geometry) == ScaleLayout::kPerElement) {
-        return constant_scale_->values.data();
-      }
-      float* expanded = ThreadBuffer(0, cols);
-      ExpandScale(constant_scale_->values.data(), constant_scale_->shape, geometry, expanded);
-      return expanded;
-    }
+    if (constant_scale_) return LayOutScale(constant_scale_->values.data(), constant_scale_->shape, x_shape, geometry, 0);
     if (context.GetInputCount() <= Sig::kScale) return nullptr;
     const Ort::ConstValue scale = context.GetInput(Sig::kScale);
     if (!scale) return nullptr;
     const Shape scale_shape = ShapeOf(scale);
-    const ScaleLayout layout = ResolveScaleLayout(scale_shape, x_shape, geometry);
     const S* data = static_cast<const S*>(scale.GetTensorRawData());
     if constexpr (std::is_same_v<S, float>) {
-      if (layout == ScaleLayout::kPerElement) return data;
+      return LayOutScale(data, scale_shape, x_shape, geometry, 0);
+    } else {
+      const size_t count = scale.GetTensorTypeAndShapeInfo().GetElementCount();
+      float* converted = ThreadBuffer(0, count);
+      for (size_t i = 0; i < count; ++i) converted[i] = ToFloat(data[i]);
+      return LayOutScale(converted, scale_shape, x_shape, geometry, 1);
     }
-    const size_t count = scale.GetTensorTypeAndShapeInfo().GetElementCount();
-    float* converted = ThreadBuffer(0, count);
-    for (size_t i = 0; i < count; ++i) converted[i] = ToFloat(data[i]);
-    if (layout == ScaleLayout::kPerElement) return converted;
-    float* expanded = ThreadBuffer(1, cols);
-    ExpandScale(converted, scale_shape, geometry, expanded);
-    return expanded;
   }
 
   void Compute(const Ort::KernelContext& context) const {
     const Ort::ConstValue x = context.GetInput(Sig::kX);
     const Shape x_shape = ShapeOf(x);
-    NormGeometry geometry;
-    if (std::string error = ResolveGeometry(x_shape, attributes_.axis, &geometry); !error.empty()) {
-      attributes_.Fail(error);
-    }
+    const NormGeometry geometry = attributes_.Geometry(x_shape);
 
     RowBatch<T> batch;
     batch.x = static_cast<const T*>(x.GetTensorRawData());
@@ -136,11 +113,7 @@ class CpuNormKernel {
     int64_t tensors_moved = 2;  // X read, Y written
     if constexpr (Sig::kSkip) {
       const Ort::ConstValue skip = context.GetInput(Sig::kSkipInput);
-      const Shape skip_shape = ShapeOf(skip);
-      if (skip_shape != x_shape) {
-        attributes_.Fail("skip of shape " + ShapeToString(skip_shape) + " must have the shape of X " +
-                         ShapeToString(x_shape));
-      }
+      attributes_.CheckSkipShape(ShapeOf(skip), x_shape);
       batch.skip = static_cast<const T*>(skip.GetTensorRawData());
       tensors_moved += 1;
     }

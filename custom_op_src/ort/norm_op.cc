@@ -1,5 +1,6 @@
 #include "norm_op.h"
 
+#include <algorithm>
 #include <cstdio>
 
 namespace ort_rmsnorm {
@@ -76,6 +77,47 @@ NormAttributes::NormAttributes(const Ort::ConstKernelInfo& info, const char* op)
 void NormAttributes::Fail(const std::string& problem, OrtErrorCode code) const {
   const std::string node = node_name.empty() ? "(unnamed)" : "'" + node_name + "'";
   throw Ort::Exception(op_name + " node " + node + ": " + problem, code);
+}
+
+NormGeometry NormAttributes::Geometry(const Shape& x_shape) const {
+  NormGeometry geometry;
+  if (std::string error = ResolveGeometry(x_shape, axis, &geometry); !error.empty()) Fail(error);
+  return geometry;
+}
+
+ScaleLayout NormAttributes::ScaleLayoutFor(const Shape& scale_shape, const Shape& x_shape,
+                                           const NormGeometry& geometry) const {
+  ScaleLayout layout;
+  if (std::string error = CheckScaleShape(scale_shape, x_shape, geometry, &layout); !error.empty()) Fail(error);
+  return layout;
+}
+
+ScaleBroadcast NormAttributes::BroadcastFor(const Shape& scale_shape, const NormGeometry& geometry) const {
+  ScaleBroadcast broadcast;
+  if (!MakeScaleBroadcast(scale_shape, geometry.normalized_shape, &broadcast)) {
+    Fail("scale of shape " + ShapeToString(scale_shape) + " broadcasts over the normalized dims " +
+             ShapeToString(geometry.normalized_shape) + " in a pattern of more than " +
+             std::to_string(kMaxScaleDims) + " alternating dims, which is not supported",
+         ORT_NOT_IMPLEMENTED);
+  }
+  return broadcast;
+}
+
+void NormAttributes::CheckSkipShape(const Shape& skip_shape, const Shape& x_shape) const {
+  if (skip_shape != x_shape) {
+    Fail("skip of shape " + ShapeToString(skip_shape) + " must have the shape of X " + ShapeToString(x_shape));
+  }
+}
+
+std::optional<StaticInput> NormAttributes::CheckStaticInput(const Ort::ConstKernelInfo& info) const {
+  const Ort::TypeInfo x_type = info.GetInputTypeInfo(0);
+  if (x_type.GetONNXType() != ONNX_TYPE_TENSOR) return std::nullopt;
+  Shape x_shape = x_type.GetTensorTypeAndShapeInfo().GetShape();
+  if (x_shape.empty()) return std::nullopt;  // unknown rank (or a scalar, which fails at run time with its shape)
+  NormGeometry geometry = Geometry(x_shape);
+  const bool known = std::none_of(geometry.normalized_shape.begin(), geometry.normalized_shape.end(),
+                                  [](int64_t d) { return d < 0; });
+  return StaticInput{std::move(x_shape), std::move(geometry), known};
 }
 
 Shape ShapeOf(const Ort::ConstValue& value) { return value.GetTensorTypeAndShapeInfo().GetShape(); }

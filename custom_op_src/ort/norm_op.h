@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,7 +31,17 @@ struct NormSignature {
   static constexpr size_t kOutputs = kSkip ? 2 : 1;
 };
 
-// Attributes of one node, validated at kernel creation; `Fail` reports an error naming the op and node.
+Shape ShapeOf(const Ort::ConstValue& value);
+
+// X's shape as the model declares it (dims may be -1: dynamic), when its rank is known.
+struct StaticInput {
+  Shape x_shape;
+  NormGeometry geometry;  // only `axis` and `normalized_shape` are meaningful (rows/cols may involve -1)
+  bool normalized_dims_known;
+};
+
+// One node: its attributes, validated at kernel creation, and the contract's checks of its inputs. Every check
+// fails with an error naming the op and the node.
 struct NormAttributes {
   std::string op_name;
   std::string node_name;
@@ -41,6 +52,15 @@ struct NormAttributes {
   NormAttributes(const Ort::ConstKernelInfo& info, const char* op);
 
   [[noreturn]] void Fail(const std::string& problem, OrtErrorCode code = ORT_INVALID_ARGUMENT) const;
+
+  NormGeometry Geometry(const Shape& x_shape) const;
+  ScaleLayout ScaleLayoutFor(const Shape& scale_shape, const Shape& x_shape, const NormGeometry& geometry) const;
+  ScaleBroadcast BroadcastFor(const Shape& scale_shape, const NormGeometry& geometry) const;
+  void CheckSkipShape(const Shape& skip_shape, const Shape& x_shape) const;
+
+  // The static X of the node with its axis checked, or nullopt when the rank is unknown: problems visible in the
+  // model's static shapes are reported at session creation rather than at the first run.
+  std::optional<StaticInput> CheckStaticInput(const Ort::ConstKernelInfo& info) const;
 };
 
 // Runs `fn` and turns any exception into an onnxruntime status.
@@ -55,8 +75,6 @@ OrtStatusPtr StatusFrom(Fn&& fn) noexcept {
     return Ort::GetApi().CreateStatus(ORT_FAIL, e.what());
   }
 }
-
-Shape ShapeOf(const Ort::ConstValue& value);
 
 // Scale converted to float32 with its own shape; broadcast against X happens per call (X's shape can be dynamic).
 struct HostScale {

@@ -328,12 +328,20 @@ void TestGeometry() {
   Expect(!CheckScaleShape({2, 3, 4}, {2, 3, 4}, g, &layout).empty(), "scale varying along rows");
   Expect(!CheckScaleShape({5}, {2, 3, 4}, g, &layout).empty(), "scale [5]");
   std::vector<float> out(12);
+  ScaleBroadcast broadcast;
   const float column[3] = {1, 2, 3};
-  ExpandScale(column, {3, 1}, g, out.data());
+  Expect(MakeScaleBroadcast({3, 1}, g.normalized_shape, &broadcast), "broadcast [3,1]");
+  ExpandScale(column, broadcast, g.cols, out.data());
   Expect(out[0] == 1 && out[3] == 1 && out[4] == 2 && out[11] == 3, "expand [3,1] over [3,4]");
   const float row[4] = {5, 6, 7, 8};
-  ExpandScale(row, {4}, g, out.data());
+  Expect(MakeScaleBroadcast({4}, g.normalized_shape, &broadcast) && broadcast.rank == 2, "broadcast [4]");
+  ExpandScale(row, broadcast, g.cols, out.data());
   Expect(out[0] == 5 && out[3] == 8 && out[4] == 5 && out[11] == 8, "expand [4] over [3,4]");
+  // Alternating broadcast dims beyond kMaxScaleDims are refused rather than mis-indexed.
+  Shape normalized(2 * kMaxScaleDims + 2, 2), alternating(2 * kMaxScaleDims + 2);
+  for (size_t i = 0; i < alternating.size(); ++i) alternating[i] = i % 2 ? 2 : 1;
+  Expect(!MakeScaleBroadcast(alternating, normalized, &broadcast), "too many alternating dims");
+  Expect(MakeScaleBroadcast({1, 1, 4}, {2, 3, 4}, &broadcast) && broadcast.rank == 2, "merged leading repeats");
 }
 
 }  // namespace
