@@ -17,8 +17,18 @@ __all__ = [
     "OP_DOMAIN",
     "OP_VERSION",
     "build_info",
+    "fuse",
     "get_library_path",
     "has_cuda",
     "register",
     "session_options",
 ]
+
+
+def __getattr__(name: str):
+    # The fusion pass imports onnx, onnx_ir and onnxscript: loaded on first use, so `import ort_rmsnorm` stays cheap.
+    if name == "fuse":
+        from .fusion import fuse
+
+        return fuse
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,65 @@
+"""Python API of the fusion pass: replace decomposed RMSNorm subgraphs with one fused operator.
+
+>>> fused, report = ort_rmsnorm.fuse("model.onnx")                 # ModelProto out
+>>> print(report.summary()); open("report.json", "w").write(report.to_json())
+
+For large models (external data), work on an ``onnx_ir.Model`` in place, so that weights stay where they are::
+
+    model = onnx_ir.load("big.onnx")                  # tensors load lazily
+    report = ort_rmsnorm.fusion.fuse_model(model)     # only small constants are read
+    onnx_ir.save(model, "fused.onnx", external_data="fused.onnx.data")
+
+Targets: ``custom`` (default; ``ort_rmsnorm.RMSNorm`` / ``SkipRMSNorm``, needs this package's library at run time),
+``onnx`` (standard ``RMSNormalization``, opset 23) and ``ort`` (onnxruntime's built-in
+``SimplifiedLayerNormalization`` / ``com.microsoft.SkipSimplifiedLayerNormalization``). docs/fusion.md lists every
+recognized spelling and every reason a candidate is skipped.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Union, overload
+
+import onnx
+import onnx_ir as ir
+
+from .rewrites import Fusion, FusionReport, Skipped, TypeTable, fuse_model, infer_types, rules
+
+__all__ = ["Fusion", "FusionReport", "Skipped", "TypeTable", "fuse", "fuse_model", "infer_types", "rules"]
+
+ModelLike = Union[onnx.ModelProto, ir.Model, str, os.PathLike]
+
+
+@overload
+def fuse(model: ir.Model, target: str = ..., *, allow_opset_upgrade: bool = ...) -> tuple[ir.Model, FusionReport]: ...
+@overload
+def fuse(
+    model: onnx.ModelProto | str | os.PathLike, target: str = ..., *, allow_opset_upgrade: bool = ...
+) -> tuple[onnx.ModelProto, FusionReport]: ...
+
+
+def fuse(model: ModelLike, target: str = "custom", *, allow_opset_upgrade: bool = False):
+    """Fuses every decomposed RMSNorm in ``model`` and returns ``(fused_model, report)``; the input is not modified.
+
+    Args:
+        model: an ``onnx.ModelProto`` (a ModelProto is returned), an ``onnx_ir.Model`` (an ``onnx_ir.Model`` is
+            returned; the input is cloned first, use :func:`fuse_model` to work in place), or a path (loaded with
+            ``onnx.load``, external data included; a ModelProto is returned).
+        target: ``"custom"``, ``"onnx"`` or ``"ort"``.
+        allow_opset_upgrade: with ``target="onnx"``, convert a model below opset 23 with onnx's version converter
+            (otherwise its norms are reported as skipped).
+
+    Returns:
+        The fused model and a :class:`FusionReport` (``fusions``, ``skipped`` near misses with reasons,
+        ``summary()``, ``to_json()``).
+    """
+    if isinstance(model, ir.Model):
+        copy = model.clone()
+        return copy, fuse_model(copy, target, allow_opset_upgrade=allow_opset_upgrade)
+    if isinstance(model, (str, os.PathLike)):
+        model = onnx.load(os.fspath(model))
+    if not isinstance(model, onnx.ModelProto):
+        raise TypeError(f"fuse() takes an onnx.ModelProto, an onnx_ir.Model or a path, not {type(model).__name__}")
+    ir_model = ir.serde.deserialize_model(model)
+    report = fuse_model(ir_model, target, allow_opset_upgrade=allow_opset_upgrade)
+    return ir.serde.serialize_model(ir_model), report

@@ -1,0 +1,287 @@
+"""Facts about values that patterns cannot state: types and shapes, constants, reduction axes, broadcasting.
+
+The onnxscript patterns say which nodes connect how. Everything that depends on values (is this a constant 2, which
+axes does this reduction cover, does this scale broadcast without enlarging the output) is decided here, and every
+"no" is a :class:`NotFusable` whose reason goes into the report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import onnx_ir as ir
+
+# The types the fused operators take for X (and float32 for the scale).
+NORM_DTYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
+# Casts that change no value: the fused op may read the value before them.
+EXACT_WIDENINGS = frozenset({(ir.DataType.FLOAT16, ir.DataType.FLOAT), (ir.DataType.BFLOAT16, ir.DataType.FLOAT)})
+
+
+class NotFusable(Exception):
+    """A candidate that stays unfused (or is fused less far); ``reason`` is what the report says."""
+
+    def __init__(self, reason: str, *sources: ir.Node | ir.Value | None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.sources = tuple(source for source in sources if source is not None)
+
+
+class TypeTable:
+    """Element types and shapes of values.
+
+    Inferred facts are kept here rather than written into the model (the pass must not add value_info everywhere);
+    where inference knows nothing, the model's own annotations count.
+    """
+
+    def __init__(self, inferred: Mapping[ir.Value, tuple[ir.DataType | None, ir.Shape | None]] | None = None) -> None:
+        self._inferred = dict(inferred or {})
+
+    def learn(self, facts: Mapping[ir.Value, tuple[ir.DataType | None, ir.Shape | None]]) -> None:
+        """Adds facts: those of a function body, or of the values the pass creates in place of others."""
+        self._inferred.update(facts)
+
+    def dtype(self, value: ir.Value) -> ir.DataType | None:
+        if value.const_value is not None:
+            return value.const_value.dtype
+        inferred = self._inferred.get(value)
+        if inferred is not None and inferred[0] is not None:
+            return inferred[0]
+        return value.dtype
+
+    def shape(self, value: ir.Value) -> ir.Shape | None:
+        if value.const_value is not None:
+            return ir.Shape(value.const_value.shape)
+        inferred = self._inferred.get(value)
+        if inferred is not None and inferred[1] is not None:
+            return inferred[1]
+        if value.shape is None:
+            tensor = constant_tensor(value)
+            return ir.Shape(tensor.shape) if tensor is not None else None
+        return value.shape
+
+
+def dtype_name(dtype: ir.DataType | None) -> str:
+    """``float32``, ``float16``, ``bfloat16``, ... (numpy's spelling)."""
+    if dtype is None:
+        return "unknown"
+    try:
+        return np.dtype(dtype.numpy()).name
+    except TypeError:
+        return dtype.name.lower()
+
+
+def label(item: ir.Node | ir.Value) -> str:
+    """How a node or value is named in reasons: its name, or its op type when unnamed."""
+    if isinstance(item, ir.Node):
+        return f"'{item.name}'" if item.name else f"<unnamed {item.op_type}>"
+    return f"'{item.name}'" if item.name else "<unnamed value>"
+
+
+def int_attribute(node: ir.Node, name: str, default: int | None = None) -> int | None:
+    """An INT attribute's value, ``default`` when absent, None when it is not an INT (a malformed node)."""
+    attr = node.attributes.get(name)
+    if attr is None:
+        return default
+    return attr.value if attr.type == ir.AttributeType.INT else None
+
+
+def float_attribute(node: ir.Node, name: str, default: float) -> float | None:
+    attr = node.attributes.get(name)
+    if attr is None:
+        return default
+    return float(attr.value) if attr.type == ir.AttributeType.FLOAT else None
+
+
+# ---- dimensions and shapes ---------------------------------------------------------------------------------------
+
+
+def dim_key(dim) -> int | str | None:
+    """A static size, a symbol name, or None when nothing is known."""
+    if isinstance(dim, int):
+        return dim
+    value = getattr(dim, "value", None)
+    return value if isinstance(value, (int, str)) else None
+
+
+def same_dim(a, b) -> bool:
+    """True when two dims are known to be equal (same size, or the same symbol)."""
+    key = dim_key(a)
+    return key is not None and key == dim_key(b)
+
+
+def is_one(dim) -> bool:
+    return dim_key(dim) == 1
+
+
+def format_shape(shape: ir.Shape | None) -> str:
+    if shape is None:
+        return "unknown"
+    return "[" + ", ".join(str(key) if (key := dim_key(dim)) is not None else "?" for dim in shape.dims) + "]"
+
+
+def static_dims(dims) -> tuple[int, ...] | None:
+    keys = [dim_key(dim) for dim in dims]
+    return tuple(keys) if all(isinstance(key, int) for key in keys) else None
+
+
+def same_shape(a: ir.Shape | None, b: ir.Shape | None) -> bool:
+    return a is not None and b is not None and a.rank() == b.rank() and all(map(same_dim, a.dims, b.dims))
+
+
+# ---- constants ---------------------------------------------------------------------------------------------------
+
+
+def constant_tensor(value: ir.Value | None) -> ir.TensorProtocol | None:
+    """The tensor of an initializer (not overridable as a graph input) or of a Constant node's output."""
+    if value is None or value.is_graph_input():
+        return None
+    try:
+        return ir.convenience.get_const_tensor(value)
+    except ValueError:  # a malformed Constant node: not a constant we can trust
+        return None
+
+
+def constant_array(value: ir.Value | None, types: TypeTable, depth: int = 0) -> np.ndarray | None:
+    """The value of a constant, looking through Identity, Cast and CastLike of constants (exporters wrap epsilon so)."""
+    tensor = constant_tensor(value)
+    if tensor is not None:
+        try:
+            return tensor.numpy()
+        except Exception:  # external data that cannot be read is no known constant  # noqa: BLE001
+            return None
+    node = value.producer() if value is not None else None
+    if node is None or node.domain not in ("", "ai.onnx") or depth > 8:
+        return None
+    if node.op_type not in ("Identity", "Cast", "CastLike") or not node.inputs:
+        return None
+    source = constant_array(node.inputs[0], types, depth + 1)
+    if source is None or node.op_type == "Identity":
+        return source
+    if node.op_type == "Cast":
+        to = int_attribute(node, "to")
+        target = ir.DataType(to) if to is not None else None
+    else:
+        target = types.dtype(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] is not None else None
+    if target is None:
+        return None
+    try:
+        return source.astype(target.numpy())
+    except TypeError:
+        return None
+
+
+def constant_scalar(value: ir.Value | None, types: TypeTable) -> float | None:
+    """A constant with one element (any rank, all dims 1), as a Python float; None otherwise."""
+    array = constant_array(value, types)
+    if array is None or array.size != 1:
+        return None
+    if array.dtype.kind not in "fiu" and array.dtype.name != "bfloat16":
+        return None
+    return float(array.reshape(()).astype(np.float64))
+
+
+def require_scalar(value: ir.Value | None, what: str, types: TypeTable, max_rank: int | None) -> float:
+    """The scalar a constant operand holds; NotFusable unless it is one constant element that broadcasts harmlessly."""
+    number = constant_scalar(value, types)
+    if number is None:
+        producer = value.producer() if value is not None else None
+        raise NotFusable(f"{what} is not a constant scalar", producer or value)
+    rank = len(constant_array(value, types).shape)
+    if max_rank is not None and rank > max_rank:
+        raise NotFusable(f"{what} has rank {rank}: broadcasting it would add dims", value)
+    return number
+
+
+# ---- reductions --------------------------------------------------------------------------------------------------
+
+
+def reduction_axes(node: ir.Node, types: TypeTable) -> list[int] | None:
+    """The axes a Reduce* node reduces, as written (None: all axes), from the attribute or the constant input."""
+    if "axes" in node.attributes:
+        attr = node.attributes["axes"]
+        if attr.type != ir.AttributeType.INTS:
+            raise NotFusable(f"{node.op_type} {label(node)}: axes attribute is not a list of ints", node)
+        axes = list(attr.value)
+    elif len(node.inputs) > 1 and node.inputs[1] is not None:
+        array = constant_array(node.inputs[1], types)
+        if array is None:
+            raise NotFusable(f"{node.op_type} {label(node)}: axes are not constant", node)
+        axes = [int(axis) for axis in array.reshape(-1)]
+    else:
+        axes = []
+    if axes:
+        return axes
+    if int_attribute(node, "noop_with_empty_axes", 0) != 0:
+        raise NotFusable(
+            f"{node.op_type} {label(node)} has no axes and noop_with_empty_axes=1: it reduces nothing", node
+        )
+    return None
+
+
+def trailing_axis(axes: list[int] | None, rank: int | None, node: ir.Node) -> int:
+    """The fused op's ``axis`` (negative, ``-k`` for k normalized dims) for reduction axes that are the trailing ones.
+
+    Negative axes need no rank; positive ones (and "all axes") do.
+    """
+    if axes is None:
+        if rank is None:
+            raise NotFusable(
+                f"rank unknown: {node.op_type} {label(node)} reduces all axes of an input of unknown rank", node
+            )
+        return -rank
+    if any(axis >= 0 for axis in axes) and rank is None:
+        raise NotFusable(f"rank unknown: cannot tell whether axes {axes} of {label(node)} are the trailing ones", node)
+    if rank is not None and any(not -rank <= axis < rank for axis in axes):
+        raise NotFusable(f"axes {axes} of {label(node)} are out of range for rank {rank}", node)
+    negative = sorted({axis - rank if axis >= 0 else axis for axis in axes})
+    if negative != list(range(-len(negative), 0)):
+        where = f" (rank {rank})" if rank is not None else ""
+        raise NotFusable(f"reduction over axes {axes}{where} is not over the trailing axes", node)
+    return -len(negative)
+
+
+def keeps_dims(node: ir.Node) -> bool:
+    return int_attribute(node, "keepdims", 1) != 0
+
+
+def check_dropped_dims(node: ir.Node, x_shape: ir.Shape | None, normalized: int) -> None:
+    """keepdims=0: the statistic lost the reduced dims, so it broadcasts against X right-aligned, i.e. along the
+    wrong axes, unless it has a single element (every non-normalized dim is 1)."""
+    if keeps_dims(node):
+        return
+    if x_shape is None:
+        raise NotFusable(f"keepdims=0 on {label(node)} and the input shape is unknown", node)
+    leading = x_shape.dims[: x_shape.rank() - normalized]
+    if not all(is_one(dim) for dim in leading):
+        raise NotFusable(
+            f"keepdims=0 on {label(node)}: the statistic of shape {format_shape(ir.Shape(leading))} broadcasts "
+            "against the input along the wrong axes",
+            node,
+        )
+
+
+# ---- the scale ---------------------------------------------------------------------------------------------------
+
+
+def check_scale_shape(scale_shape: ir.Shape | None, x_shape: ir.Shape | None, normalized: int, scale_node) -> None:
+    """A scale must broadcast onto X's normalized dims without changing X's shape: right-aligned, each dim 1 or the
+    normalized dim, leading dims (along non-normalized axes) 1, and no more dims than X."""
+    if scale_shape is None:
+        raise NotFusable("scale shape unknown", scale_node)
+    if x_shape is None:
+        raise NotFusable(
+            "input shape unknown: cannot tell whether the scale broadcasts onto the normalized dims", scale_node
+        )
+    described = f"scale of shape {format_shape(scale_shape)} on input {format_shape(x_shape)}"
+    if scale_shape.rank() > x_shape.rank():
+        raise NotFusable(f"{described} would enlarge the output (more dims than the input)", scale_node)
+    for position in range(1, scale_shape.rank() + 1):
+        scale_dim, x_dim = scale_shape.dims[-position], x_shape.dims[-position]
+        if is_one(scale_dim) or (position <= normalized and same_dim(scale_dim, x_dim)):
+            continue
+        if position > normalized:
+            raise NotFusable(f"{described} varies along non-normalized axes", scale_node)
+        if is_one(x_dim):
+            raise NotFusable(f"{described} would enlarge the output", scale_node)
+        raise NotFusable(f"{described}: cannot prove the scale's dims match the normalized dims", scale_node)

@@ -1,0 +1,503 @@
+"""The rewrite rules: one RMSNorm rule class (its pattern composed from the spellings exporters use) instantiated
+for each possible last node of the subgraph, and a residual-Add rule that turns an Add + fused norm into the
+target's skip op.
+
+A norm's subgraph ends in one of four ways (the last node decides which rule sees it first):
+
+==================  =============================================  ======
+form                last node                                      rank
+==================  =============================================  ======
+``scale_cast``      ``Cast(Mul(normalized', scale))``              0
+``scale``           ``Mul(normalized', scale)`` (either order)     1
+``cast``            ``Cast(normalized)``                           2
+``div`` / ``mul``   ``normalized`` itself (``x / rms``, ``x * inv``)  3
+==================  =============================================  ======
+
+(``normalized'`` is ``normalized`` or ``Cast(normalized)``.) onnxscript's rewriter visits nodes in graph order, so
+the inner node of a norm is seen before the scale Mul that follows it. A rule therefore defers when the single
+consumer of its last node would be taken, in full, by a rule of lower rank; if that larger rule's check fails (a
+scale that varies along batch axes, a cast that changes the output type), the smaller one fuses and the report
+says what was left out.
+"""
+
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+import onnx_ir as ir
+from onnxscript.rewriter import pattern
+
+from ._facts import (
+    EXACT_WIDENINGS,
+    NORM_DTYPES,
+    NotFusable,
+    check_dropped_dims,
+    check_scale_shape,
+    constant_array,
+    dtype_name,
+    float_attribute,
+    int_attribute,
+    label,
+    reduction_axes,
+    require_scalar,
+    format_shape,
+    same_shape,
+    static_dims,
+    trailing_axis,
+)
+from ._session import FusionSession, fused_node_name
+from ._targets import MS_DOMAIN, OP_DOMAIN, OP_VERSION, NormSpec, Scale, require_domain_version
+
+# ---- sub-patterns -----------------------------------------------------------------------------------------------
+
+
+def _mean_square(op, x):
+    """mean(x²) over some axes: ReduceMean(x²) or ReduceSum(x²) / count or ReduceSumSquare(x) * (1/count), with x²
+    spelled Pow(x, 2) or Mul(x, x). Axes, exponent and count are checked later, not here."""
+    axes = pattern.Var("axes", can_match_none=True)
+    square = pattern.OrValue([op.Pow(x, pattern.Var("exponent")), op.Mul(x, x)])
+    total = pattern.OrValue(
+        [op.ReduceSum(square, axes, _outputs=["reduced"]), op.ReduceSumSquare(x, axes, _outputs=["reduced"])]
+    )
+    count = pattern.Var("count")
+    return pattern.OrValue(
+        [
+            op.ReduceMean(square, axes, _outputs=["reduced"]),
+            op.Div(total, count),
+            op.Mul(total, count),
+            op.Mul(count, total),
+        ],
+        name="mean_square",
+    )
+
+
+def _rms_and_inverse(op, mean_square):
+    """rms = sqrt(ms + eps) | sqrt(ms) + eps | sqrt(ms), and its inverse 1/rms spelled Reciprocal(rms), Div(1, rms)
+    or Pow(ms + eps, -0.5). Epsilon may be either operand of its Add."""
+    epsilon = pattern.Var("epsilon")
+    with_eps = pattern.OrValue([op.Add(mean_square, epsilon), op.Add(epsilon, mean_square)], name="ms_eps")
+    sqrt_ms = op.Sqrt(mean_square)
+    rms = pattern.OrValue([op.Sqrt(with_eps), op.Add(sqrt_ms, epsilon), op.Add(epsilon, sqrt_ms), sqrt_ms], name="rms")
+    inverse = pattern.OrValue(
+        [
+            op.Reciprocal(rms),
+            op.Div(pattern.Var("one"), rms),
+            op.Pow(pattern.OrValue([with_eps, mean_square]), pattern.Var("minus_half")),
+        ],
+        name="inverse",
+    )
+    return rms, inverse
+
+
+def _normalized(op, x, rms, inverse):
+    return pattern.OrValue([op.Div(x, rms), op.Mul(x, inverse), op.Mul(inverse, x)], name="normalized")
+
+
+# ---- the RMSNorm rule -------------------------------------------------------------------------------------------
+
+FORMS = {"scale_cast": 0, "scale": 1, "scale_swapped": 1, "cast": 2, "div": 3, "mul": 3, "mul_swapped": 3}
+
+
+class RMSNormFusion(pattern.RewriteRuleClassBase):
+    """A decomposed RMSNorm ending in the node ``form`` names (see the module doc) → the target's norm op."""
+
+    def __init__(self, form: str, session: FusionSession, larger: list[RMSNormFusion]) -> None:
+        super().__init__(f"RMSNorm[{form}]", remove_nodes=False)  # the check decides what may go; see FusionSession
+        self.form = form
+        self.rank = FORMS[form]
+        self._session = session
+        self._larger = larger  # all rules; those of lower rank are the ones this rule defers to
+        self._spec: NormSpec | None = None
+
+    def pattern(self, op, x, x_num, scale):
+        # x: what the statistic is computed from; x_num: what is divided by the rms. The same value, or (TorchScript
+        # exports of T5-style norms) two Casts of one value; the check tells.
+        rms, inverse = _rms_and_inverse(op, _mean_square(op, x))
+        if self.form == "div":
+            return op.Div(x_num, rms, _outputs=["normalized"])
+        if self.form == "mul":
+            return op.Mul(x_num, inverse, _outputs=["normalized"])
+        if self.form == "mul_swapped":
+            return op.Mul(inverse, x_num, _outputs=["normalized"])
+        normalized = _normalized(op, x_num, rms, inverse)
+        if self.form == "cast":
+            return op.Cast(normalized, _outputs=["norm_cast"])
+        rounded = pattern.OrValue([op.Cast(normalized, _outputs=["norm_cast"]), normalized])
+        if self.form == "scale":
+            return op.Mul(rounded, scale, _outputs=["scaled"])
+        if self.form == "scale_swapped":
+            return op.Mul(scale, rounded, _outputs=["scaled"])
+        scaled = pattern.OrValue(
+            [op.Mul(rounded, scale, _outputs=["scaled"]), op.Mul(scale, rounded, _outputs=["scaled"])]
+        )
+        return op.Cast(scaled, _outputs=["out_cast"])
+
+    def check(self, context, x, x_num, scale, **bindings):
+        session = self._session
+        if not _same_input(x, x_num):  # x / rms(y) is no RMSNorm (e.g. the inner Div(1, rms) of Mul(x, Div(1, rms)))
+            return pattern.MatchResult().fail("divides another value than the one the rms is computed from")
+        try:
+            spec = self._analyze(context, x, scale, bindings)
+            spec = session.target.adapt(spec, context.graph_or_function, context.model, session.types)
+        except NotFusable as error:
+            session.near_miss(context, self.name, error, anchor=bindings["reduced"].producer())
+            return pattern.MatchResult().fail(error.reason, list(error.sources))
+        if not session.in_lookahead and self._deferred(context):
+            return pattern.MatchResult().fail("deferred: a larger match ends at the next node")
+        self._spec, self._context = spec, context
+        return pattern.MatchResult()
+
+    def rewrite(self, op, **_):
+        session, context = self._session, self._context
+        name = fused_node_name(list(context.nodes), context.root, session.target.norm_op)
+        output = session.target.emit(op, self._spec, name)
+        session.fused_norm(self._spec, output.producer(), context, self.name)
+        return output
+
+    # ---- the checks ----
+
+    def _analyze(self, context, x: ir.Value, scale: ir.Value | None, b: dict) -> NormSpec:
+        types = self._session.types
+        reduce_node = b["reduced"].producer()
+        if b.get("exponent") is not None:
+            exponent = require_scalar(b["exponent"], "the square's exponent", types, None)
+            if exponent != 2:
+                raise NotFusable(f"exponent {exponent:g} is not 2 (not a mean square)", b["exponent"])
+        x_shape = types.shape(x)
+        rank = x_shape.rank() if x_shape is not None else None
+        axis = trailing_axis(reduction_axes(reduce_node, types), rank, reduce_node)
+        check_dropped_dims(reduce_node, x_shape, -axis)
+        if reduce_node.op_type != "ReduceMean":
+            _check_count(b["mean_square"].producer(), b["count"], x_shape, -axis, types)
+        epsilon, placement = _epsilon(b, rank, types)
+        if b.get("one") is not None and require_scalar(b["one"], "the numerator of 1/rms", types, rank) != 1:
+            raise NotFusable("Div(c, rms) with c != 1 is not the inverse of the rms", b["one"])
+        if (
+            b.get("minus_half") is not None
+            and require_scalar(b["minus_half"], "the exponent of ms", types, rank) != -0.5
+        ):
+            raise NotFusable("Pow(ms + eps, p) with p != -0.5 is not the inverse of the rms", b["minus_half"])
+        _reject_centered(x, axis, rank, types)
+        _check_intermediates(context)
+        fused_x = _fused_input(x, context.output_values[0], b, types)
+        scale_spec = _scale(scale, x_shape, -axis, types) if scale is not None else None
+        return NormSpec(fused_x, types.dtype(fused_x), types.shape(fused_x), axis, epsilon, placement, scale_spec)
+
+    def _deferred(self, context) -> bool:
+        """True when the single consumer of this match's output completes a larger match (which fuses more).
+
+        Larger matches at several consumers are tried too, only so that the report says why they fail."""
+        output = context.output_values[0]
+        consumers = output.consumers()
+        larger = [
+            (rule, consumer)
+            for consumer in consumers
+            for rule in self._larger
+            if rule.rank < self.rank and rule.form_op == consumer.op_type
+        ]
+        with self._session.lookahead():
+            matched = [
+                bool(rule.match(context.model, context.graph_or_function, consumer, check_nodes_are_removable=False))
+                for rule, consumer in larger
+            ]
+        return any(matched) and len(consumers) == 1 and not output.is_graph_output()
+
+    @property
+    def form_op(self) -> str:
+        return "Cast" if self.form in ("scale_cast", "cast") else ("Div" if self.form == "div" else "Mul")
+
+
+def _same_input(x: ir.Value, x_num: ir.Value) -> bool:
+    """The value divided by the rms is the one the rms is computed from, or an identical Cast of its source."""
+    if x is x_num:
+        return True
+    casts = [value.producer() for value in (x, x_num)]
+    if not all(cast is not None and cast.op_type == "Cast" and cast.domain == "" for cast in casts):
+        return False
+    first, second = casts
+    to = int_attribute(first, "to")
+    return first.inputs[0] is second.inputs[0] and to is not None and to == int_attribute(second, "to")
+
+
+def _check_count(mean_node: ir.Node, count: ir.Value, x_shape, normalized: int, types) -> None:
+    """ReduceSum(...) / D or * (1/D): D must be the number of reduced elements."""
+    value = require_scalar(count, "the divisor of the sum", types, x_shape.rank() if x_shape else None)
+    dims = static_dims(x_shape.dims[-normalized:]) if x_shape is not None else None
+    if dims is None:
+        raise NotFusable(
+            f"reduced dims of {format_shape(x_shape)} are not static: cannot check that the sum is divided by their"
+            " count",
+            mean_node,
+        )
+    elements = math.prod(dims)
+    expected = elements if mean_node.op_type == "Div" else 1.0 / elements
+    array = constant_array(count, types)
+    is_float = array.dtype.kind == "f" or array.dtype == ml_dtypes.bfloat16
+    tolerance = float(ml_dtypes.finfo(array.dtype).eps) if is_float else 0.0  # the constant's own rounding
+    if not math.isclose(value, expected, rel_tol=tolerance):
+        spelled = f"{mean_node.op_type}({label(mean_node)}) by {value:g}"
+        raise NotFusable(f"{spelled} is not a mean over the {elements} reduced elements", mean_node)
+
+
+def _epsilon(b: dict, rank, types) -> tuple[float, str]:
+    if b.get("epsilon") is None:
+        return 0.0, "none"
+    value = require_scalar(b["epsilon"], "epsilon", types, rank)
+    if not (math.isfinite(value) and value >= 0):
+        raise NotFusable(f"epsilon {value:g} is not finite and >= 0", b["epsilon"])
+    rms = b.get("rms")
+    outside = rms is not None and rms.producer().op_type == "Add"
+    return value, "outside_sqrt" if outside else "inside_sqrt"
+
+
+def _strip_casts(value: ir.Value) -> ir.Value:
+    while (producer := value.producer()) is not None and producer.op_type == "Cast" and producer.domain == "":
+        value = producer.inputs[0]
+    return value
+
+
+def _reject_centered(x: ir.Value, axis: int, rank, types) -> None:
+    """x - mean(x) over the normalized axes feeding the square is a LayerNorm (left for LayerNorm fusion)."""
+    producer = _strip_casts(x).producer()
+    if producer is None or producer.op_type != "Sub" or producer.domain != "":
+        return
+    for operand, other in ((producer.inputs[0], producer.inputs[1]), (producer.inputs[1], producer.inputs[0])):
+        mean = _strip_casts(other).producer()
+        if mean is None or mean.op_type != "ReduceMean" or _strip_casts(mean.inputs[0]) is not _strip_casts(operand):
+            continue
+        try:
+            same_axes = trailing_axis(reduction_axes(mean, types), rank, mean) == axis
+        except NotFusable:
+            same_axes = False
+        if same_axes:
+            raise NotFusable("the input is x - mean(x) over the normalized axes: a LayerNorm, not an RMSNorm", producer)
+
+
+def _check_intermediates(context) -> None:
+    """Every value computed inside the match, except its output, must be used only inside it: the fused op replaces
+    them all, and a value used elsewhere (or a graph output) must not disappear. A CastLike that only takes the
+    value's type for a constant of the match (``CastLike(eps, ms)``) goes with it."""
+    matched = set(context.nodes)
+    for node in context.nodes:
+        if node is context.root:
+            continue
+        for value in node.outputs:
+            if value.is_graph_output():
+                raise NotFusable(f"intermediate {label(value)} ({node.op_type} output) is a graph output", node)
+            for user in value.consumers():
+                if user not in matched and not _types_a_constant_of(user, value, matched):
+                    raise NotFusable(
+                        f"intermediate {label(value)} ({node.op_type} output) is also used by {user.op_type}"
+                        f" {label(user)}",
+                        node,
+                        user,
+                    )
+
+
+def _types_a_constant_of(user: ir.Node, value: ir.Value, matched: set[ir.Node]) -> bool:
+    if user.op_type != "CastLike" or user.domain != "" or user.inputs[0] is value:
+        return False
+    output = user.outputs[0]
+    return not output.is_graph_output() and all(consumer in matched for consumer in output.consumers())
+
+
+def _fused_input(x: ir.Value, output: ir.Value, b: dict, types) -> ir.Value:
+    """The fused op's X. Its output has X's type, so X is the value of the output's type among: the input before an
+    exact up-cast (the Hugging Face float16 → float32 pattern) or a no-op cast, or the value the statistic is computed
+    from."""
+    statistic = types.dtype(b["reduced"])
+    if statistic is None or types.dtype(output) is None:
+        raise NotFusable("element types unknown (shape inference found none here): cannot choose the fused op's types")
+    if statistic not in NORM_DTYPES:
+        raise NotFusable(
+            f"the statistic is computed in {dtype_name(statistic)}: the fused ops take float32, float16, bfloat16"
+        )
+    out_dtype, x_dtype = types.dtype(output), types.dtype(x)
+    candidates = [x]
+    producer = x.producer()
+    if producer is not None and producer.op_type == "Cast" and producer.domain == "":
+        source = producer.inputs[0]
+        if types.dtype(source) == x_dtype or (types.dtype(source), x_dtype) in EXACT_WIDENINGS:
+            candidates.insert(0, source)  # a no-op cast (Hugging Face's .to(float32) of float32) or an exact one
+    chosen = next((candidate for candidate in candidates if types.dtype(candidate) == out_dtype), None)
+    if chosen is None:
+        origin = " or ".join(dtype_name(types.dtype(candidate)) for candidate in candidates)
+        raise NotFusable(
+            f"the output is {dtype_name(out_dtype)} but the input is {origin}: the fused op's output has its input's"
+            " type"
+        )
+    rounded = b.get("norm_cast")
+    if rounded is not None and rounded is not output and types.dtype(rounded) not in (out_dtype, x_dtype):
+        raise NotFusable(
+            f"the normalized value is rounded to {dtype_name(types.dtype(rounded))} before the scale, "
+            f"but the output is {dtype_name(out_dtype)}"
+        )
+    if types.dtype(chosen) not in NORM_DTYPES:
+        raise NotFusable(f"{dtype_name(types.dtype(chosen))} input: the fused ops take float32, float16, bfloat16")
+    return chosen
+
+
+def _scale(scale: ir.Value, x_shape, normalized: int, types) -> Scale:
+    """What multiplies the normalized value: it must broadcast onto the normalized dims alone."""
+    check_scale_shape(types.shape(scale), x_shape, normalized, scale.producer() or scale)
+    dtype = types.dtype(scale)
+    if dtype is None:
+        raise NotFusable("scale type unknown", scale)
+    producer = scale.producer()
+    if producer is not None and producer.op_type == "Add" and producer.domain == "":
+        folded = _one_plus_constant(producer, scale, types)
+        if folded is not None:
+            return Scale(None, folded, "folded 1+w", dtype)
+        if any(_is_one(operand, types) for operand in producer.inputs):
+            return Scale(scale, None, "1+w", dtype)
+    form = "cast tensor" if producer is not None and producer.op_type == "Cast" else "tensor"
+    return Scale(scale, None, form, dtype)
+
+
+def _is_one(value: ir.Value | None, types) -> bool:
+    array = constant_array(value, types)
+    return array is not None and array.size == 1 and float(array.reshape(()).astype(np.float64)) == 1.0
+
+
+def _one_plus_constant(add: ir.Node, scale: ir.Value, types) -> np.ndarray | None:
+    """(1 + w) with w constant, computed as the graph would (in the Add's type, one rounding)."""
+    for one, weight in ((add.inputs[0], add.inputs[1]), (add.inputs[1], add.inputs[0])):
+        if not _is_one(one, types):
+            continue
+        array = constant_array(weight, types)
+        if array is None:
+            return None
+        dtype = types.dtype(scale).numpy()
+        folded = array.astype(dtype) + np.ones((), dtype)
+        shape = types.shape(scale)
+        return folded if shape is not None and folded.shape == static_dims(shape.dims) else None
+    return None
+
+
+# ---- the residual Add -------------------------------------------------------------------------------------------
+
+
+class SkipFusion(pattern.RewriteRuleClassBase):
+    """Add(a, b) → norm op, with a and b of one shape → the target's skip op, whose ``sum`` output replaces the
+    Add's output for its other consumers. Also fuses an Add before a norm fused by an earlier run (so the pass is
+    idempotent). Targets: ``custom`` (RMSNorm → SkipRMSNorm) and ``ort`` (SimplifiedLayerNormalization →
+    com.microsoft.SkipSimplifiedLayerNormalization)."""
+
+    def __init__(self, session: FusionSession) -> None:
+        super().__init__(f"SkipAdd[{session.target.name}]", remove_nodes=True)
+        self._session = session
+        self._ort = session.target.name == "ort"
+
+    def pattern(self, op, a, b):
+        scale = pattern.Var("scale", can_match_none=True)
+        total = op.Add(a, b, _outputs=["total"])
+        if self._ort:
+            normed = op.SimplifiedLayerNormalization(total, scale, _outputs=["normed"])
+        else:
+            normed = op.RMSNorm(total, scale, _domain=OP_DOMAIN, _outputs=["normed"])
+        return normed, total
+
+    def check(self, context, a, b, total, normed, scale=None, **_):
+        try:
+            self._check_residual(context, a, b, total, normed.producer())
+            shape = self._session.types.shape(a)
+            self._gamma = self._ort_gamma(normed.producer(), scale, shape) if self._ort else scale
+        except NotFusable as error:
+            self._session.near_miss(context, self.name, error, anchor=total.producer())
+            return pattern.MatchResult().fail(error.reason, list(error.sources))
+        self._context = context
+        return pattern.MatchResult()
+
+    def rewrite(self, op, a, b, total, normed, **_):
+        norm = normed.producer()
+        path = norm.name.rsplit("/", 1)[0] + "/" if "/" in norm.name else (f"{norm.name}/" if norm.name else "")
+        if self._ort:
+            name = f"{path}SkipSimplifiedLayerNormalization"
+            gamma = self._gamma
+            if isinstance(gamma, np.ndarray):
+                gamma = op.Constant(value=ir.tensor(gamma, name=f"{name}/gamma"), _outputs=[f"{name}/gamma"])
+            epsilon = float_attribute(norm, "epsilon", 1e-5)
+            outputs = op.SkipSimplifiedLayerNormalization(
+                a, b, gamma, _domain=MS_DOMAIN, _outputs=4, _name=name, epsilon=epsilon
+            )
+            replaced = [normed, None, None, total]
+        else:
+            name = f"{path}SkipRMSNorm"
+            inputs = [a, b] + ([self._gamma] if self._gamma is not None else [])
+            attributes = {attr_name: attr.value for attr_name, attr in norm.attributes.items()}
+            outputs = op.SkipRMSNorm(
+                *inputs, _domain=OP_DOMAIN, _version=OP_VERSION, _outputs=2, _name=name, **attributes
+            )
+            replaced = [normed, total]
+        self._session.fused_residual(norm, outputs[0].producer(), self._context, self.name, replaced)
+        return outputs[0], outputs[-1]
+
+    def _check_residual(self, context, a, b, total, norm: ir.Node) -> None:
+        types = self._session.types
+        add = total.producer()
+        a_shape, b_shape = types.shape(a), types.shape(b)
+        if not same_shape(a_shape, b_shape):
+            raise NotFusable(
+                f"Add {label(add)} of shapes {format_shape(a_shape)} and {format_shape(b_shape)} is not known to add "
+                "two tensors of one shape (a residual add); a broadcast operand such as a bias stays",
+                add,
+            )
+        if types.dtype(a) not in NORM_DTYPES:
+            raise NotFusable(
+                f"{dtype_name(types.dtype(a))} residual: the fused ops take float32, float16, bfloat16", add
+            )
+        if any(value.uses() or value.is_graph_output() for value in norm.outputs[1:]):
+            raise NotFusable(f"{norm.op_type} {label(norm)} has other outputs in use", norm)
+        if not self._ort:
+            require_domain_version(OP_DOMAIN, OP_VERSION, context.graph_or_function, context.model)
+
+    def _ort_gamma(self, norm: ir.Node, scale: ir.Value | None, shape: ir.Shape) -> ir.Value | np.ndarray:
+        """SkipSimplifiedLayerNormalization normalizes the last axis of a rank-2 or rank-3 input and takes a 1-D gamma
+        of the hidden size and the input's type (a constant scale that broadcasts is expanded to that)."""
+        types = self._session.types
+        rank = shape.rank()
+        axis = int_attribute(norm, "axis", -1)
+        if rank not in (2, 3) or axis not in (-1, rank - 1):
+            raise NotFusable(
+                "SkipSimplifiedLayerNormalization normalizes the last axis of a rank-2 or rank-3 input; "
+                f"{label(norm)} has axis {axis} on an input of shape {format_shape(shape)}",
+                norm,
+            )
+        stash_type = int_attribute(norm, "stash_type", int(ir.DataType.FLOAT))
+        if stash_type != int(ir.DataType.FLOAT):
+            raise NotFusable(f"{label(norm)} computes in stash_type {stash_type}, not float32", norm)
+        if scale is None or types.dtype(scale) != types.dtype(norm.inputs[0]):
+            raise NotFusable("SkipSimplifiedLayerNormalization needs gamma of the input's type", norm)
+        hidden = shape.dims[-1]
+        gamma_shape = types.shape(scale)
+        if gamma_shape is not None and same_shape(gamma_shape, ir.Shape([hidden])):
+            return scale
+        array, size = constant_array(scale, types), static_dims([hidden])
+        if array is None or size is None or array.size not in (1, size[0]):
+            raise NotFusable(
+                "SkipSimplifiedLayerNormalization needs a 1-D gamma of the hidden size; the scale has shape "
+                f"{format_shape(gamma_shape)} on an input of shape {format_shape(shape)}",
+                norm,
+            )
+        return np.broadcast_to(array.reshape(-1), size).copy()
+
+
+# ---- the rule set -----------------------------------------------------------------------------------------------
+
+
+def build_rules(session: FusionSession) -> list[pattern.RewriteRule]:
+    """The norm rules in rank order (larger matches first), then the residual rule where the target has one."""
+    norm_rules: list[RMSNormFusion] = []
+    norm_rules += [RMSNormFusion(form, session, norm_rules) for form in FORMS]
+    rules = [_as_rule(rule) for rule in norm_rules]
+    if session.target.name in ("custom", "ort"):
+        rules.append(_as_rule(SkipFusion(session)))
+    return rules
+
+
+def _as_rule(instance: pattern.RewriteRuleClassBase) -> pattern.RewriteRule:
+    return pattern.RewriteRule(
+        instance.pattern, instance.rewrite, instance.check, name=instance.name, remove_nodes=instance.remove_nodes
+    )

@@ -1,0 +1,306 @@
+"""State shared by the rules of one run: target, inferred types, where each graph lies, and what was fused or not."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+
+import numpy as np
+import onnx_ir as ir
+
+from ._facts import NotFusable, TypeTable, dtype_name, float_attribute, int_attribute, label
+from ._inference import Annotations, graph_likes, values_of
+from ._report import Fusion, FusionReport, Skipped
+from ._targets import NormSpec, Target, get_target
+
+
+@dataclasses.dataclass
+class FusedNode:
+    """A node the pass emitted, with what it takes the place of."""
+
+    node: ir.Node
+    record: Fusion
+    matched: list[ir.Node]
+    """Nodes of the original model the rule(s) matched (removed now or by the clean-up)."""
+    output_facts: list[tuple[str | None, ir.DataType | None, ir.Shape | None]]
+    """Per output of ``node``: the name, type and shape of the value it replaced (None: a new optional output)."""
+    removed: list[ir.Node] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class NearMiss:
+    location: str
+    rule: str
+    reason: str
+    nodes: list[ir.Node]
+
+
+class FusionSession:
+    """One run of the rules over a model. ``types`` should come from :func:`infer_types`; without it only the model's
+    own annotations are known and more candidates are skipped for unknown shapes."""
+
+    def __init__(self, target: str | Target = "custom", types: TypeTable | None = None, locations: dict | None = None):
+        self.target = get_target(target) if isinstance(target, str) else target
+        self.types = types if types is not None else TypeTable()
+        self._locations = locations or {}
+        self.fused: list[FusedNode] = []
+        self._near_misses: dict[tuple, NearMiss] = {}
+        self._lookahead = 0
+        self.notes: list[str] = []
+
+    # ---- during matching ----
+
+    def location(self, graph_like: ir.Graph | ir.Function) -> str:
+        found = self._locations.get(id(graph_like))
+        if found is not None:
+            return found
+        if isinstance(graph_like, ir.Function):
+            return f"function '{graph_like.domain}::{graph_like.name}'"
+        return f"graph '{graph_like.name}'"
+
+    @property
+    def in_lookahead(self) -> bool:
+        return self._lookahead > 0
+
+    @contextlib.contextmanager
+    def lookahead(self):
+        """While a rule checks whether a larger rule will take its match, that rule must not defer in turn."""
+        self._lookahead += 1
+        try:
+            yield
+        finally:
+            self._lookahead -= 1
+
+    def near_miss(self, context, rule: str, error: NotFusable, anchor: ir.Node) -> None:
+        """Records why a candidate (identified by ``anchor``, e.g. its reduction) was not fused by ``rule``."""
+        key = (id(anchor), error.reason)
+        entry = self._near_misses.get(key)
+        if entry is None:
+            location = self.location(context.graph_or_function)
+            self._near_misses[key] = NearMiss(location, rule, error.reason, list(context.nodes))
+        else:
+            entry.nodes += [node for node in context.nodes if node not in entry.nodes]
+
+    def fused_norm(self, spec: NormSpec, node: ir.Node, context, rule: str) -> None:
+        replaced = context.output_values[0]
+        record = Fusion(
+            op_type=self.target.norm_op,
+            target=self.target.name,
+            node=node.name,
+            replaced_nodes=[],
+            location=self.location(context.graph_or_function),
+            axis=spec.axis,
+            epsilon=as_float32(spec.epsilon),
+            eps_placement=spec.eps_placement,
+            scale=spec.scale.form if spec.scale is not None else "none",
+            input_dtype=dtype_name(spec.x_dtype),
+            scale_dtype=dtype_name(spec.scale.dtype) if spec.scale is not None else None,
+            skip=False,
+            rule=rule,
+        )
+        self.fused.append(FusedNode(node, record, list(context.nodes), [self._facts(replaced)]))
+        self._learn(node)
+
+    def fused_residual(self, norm: ir.Node, node: ir.Node, context, rule: str, replaced: list[ir.Value | None]) -> None:
+        """The residual Add before ``norm`` was fused into ``node``: extends the norm's record (or makes one for a norm
+        that was in the model already). ``replaced[i]``: the value output i of ``node`` takes the place of (None for an
+        optional output that nothing read before); output 0 replaces the norm's output."""
+        earlier = next((fused for fused in self.fused if fused.node is norm), None)
+        if earlier is None:
+            location = self.location(context.graph_or_function)
+            record = _record_of_existing_norm(norm, self.target.name, location, self.types)
+            earlier = FusedNode(norm, record, [norm], [self._facts(norm.outputs[0])])
+            self.fused.append(earlier)
+        earlier.output_facts = [earlier.output_facts[0]] + [
+            self._facts(value) if value is not None else (None, None, None) for value in replaced[1:]
+        ]
+        earlier.node = node
+        self._learn(node)
+        earlier.record.op_type = _qualified(node)
+        earlier.record.skip = True
+        earlier.record.rule += f" + {rule}"
+        earlier.matched += [
+            matched for matched in context.nodes if matched is not norm and matched not in earlier.matched
+        ]
+
+    def _learn(self, node: ir.Node) -> None:
+        """The emitted node's outputs have the types and shapes of the values they replace (later rules read them)."""
+        fused = next(fused for fused in self.fused if fused.node is node)
+        self.types.learn(
+            {value: (dtype, shape) for value, (_, dtype, shape) in zip(node.outputs, fused.output_facts) if dtype}
+        )
+
+    def _facts(self, value: ir.Value) -> tuple[str | None, ir.DataType | None, ir.Shape | None]:
+        return value.name, self.types.dtype(value), self.types.shape(value)
+
+    # ---- after the rewriter ----
+
+    def finish(self, model: ir.Model, annotations: Annotations) -> FusionReport:
+        """Removes what the fusions made dead, restores the names the rewriter changed, names and types the new
+        nodes' outputs, and builds the report."""
+        for fused in self.fused:
+            fused.removed = _remove_dead(fused.matched)
+        annotations.restore_names()
+        annotations.restore_types()  # the rewriter annotates Constant outputs
+        new_values = {id(value) for fused in self.fused for value in _new_values(fused, annotations)}
+        taken = {
+            value.name
+            for graph in graph_likes(model)
+            for value in values_of(graph)
+            if value.name and id(value) not in new_values
+        }
+        node_names = _NodeNames(annotations)
+        for fused in self.fused:
+            node_names.give(fused.node, fused.node.name)
+            _finish_outputs(fused, taken, annotations, node_names)
+            fused.record.node = fused.node.name
+            replaced = fused.matched + [node for node in fused.removed if node not in fused.matched]
+            fused.record.replaced_nodes = [label(node).strip("'") for node in replaced]
+        _restore_topological_order([fused.node for fused in self.fused if fused.record.skip])
+        return self.report()
+
+    def report(self) -> FusionReport:
+        report = FusionReport(target=self.target.name, notes=list(self.notes))
+        report.fusions = [fused.record for fused in self.fused]
+        removed_by = {id(node): fused.node.name for fused in self.fused for node in (*fused.removed, *fused.matched)}
+        for miss in self._near_misses.values():
+            fused_as = next((removed_by[id(node)] for node in miss.nodes if id(node) in removed_by), None)
+            names = [label(node).strip("'") for node in miss.nodes]
+            report.skipped.append(Skipped(miss.location, names, miss.reason, miss.rule, fused_as))
+        return report
+
+
+def as_float32(number: float) -> float:
+    """The value a float32 attribute holds, written with the fewest digits (1e-06, not 9.999999974752427e-07)."""
+    return float(str(np.float32(number)))
+
+
+def _qualified(node: ir.Node) -> str:
+    return f"{node.domain}.{node.op_type}" if node.domain not in ("", "ai.onnx") else node.op_type
+
+
+def _record_of_existing_norm(norm: ir.Node, target: str, location: str, types: TypeTable) -> Fusion:
+    """A record for a norm node that was already in the model (fused by an earlier run or by hand)."""
+    scale = norm.inputs[-1] if len(norm.inputs) > 1 else None
+    placement = "outside_sqrt" if int_attribute(norm, "eps_outside_sqrt", 0) else "inside_sqrt"
+    return Fusion(
+        op_type=norm.op_type,
+        target=target,
+        node=norm.name,
+        replaced_nodes=[],
+        location=location,
+        axis=int_attribute(norm, "axis", -1),
+        epsilon=as_float32(float_attribute(norm, "epsilon", 1e-5)),
+        eps_placement=placement,
+        scale="tensor" if scale is not None else "none",
+        input_dtype=dtype_name(types.dtype(norm.inputs[0])),
+        scale_dtype=dtype_name(types.dtype(scale)) if scale is not None else None,
+        skip=False,
+        rule="(fused before this run)",
+    )
+
+
+def _remove_dead(seeds: list[ir.Node]) -> list[ir.Node]:
+    """Removes the seeds and their producers, as far as they are dead now (no uses, not graph outputs), and the
+    initializers only they used. Returns the nodes removed."""
+    removed: list[ir.Node] = []
+    pending = list(seeds)
+    while pending:
+        node = pending.pop()
+        graph = node.graph
+        if graph is None or any(value.is_graph_output() or value.uses() for value in node.outputs):
+            continue
+        inputs = [value for value in node.inputs if value is not None]
+        graph.remove(node, safe=True)
+        removed.append(node)
+        for value in inputs:
+            if value.producer() is not None:
+                pending.append(value.producer())
+            elif value.is_initializer() and not (value.uses() or value.is_graph_input() or value.is_graph_output()):
+                value.graph.initializers.pop(value.name)
+    return removed
+
+
+def _restore_topological_order(skip_nodes: list[ir.Node]) -> None:
+    """A skip op takes the place of the norm, but the residual Add's other readers (now reading its ``sum``) may come
+    before the norm: those graphs get onnx_ir's stable topological sort (which keeps every other order). A reader
+    inside a subgraph counts as out of order (its If/Loop node may come first)."""
+    graphs = {id(node.graph): node.graph for node in skip_nodes}
+    for graph in graphs.values():
+        position = {node: index for index, node in enumerate(graph)}
+        if any(
+            position.get(reader, -1) < position[node]
+            for node in skip_nodes
+            if node.graph is graph
+            for value in node.outputs
+            for reader in value.consumers()
+        ):
+            graph.sort()
+
+
+def _new_values(fused: FusedNode, annotations: Annotations) -> list[ir.Value]:
+    """Outputs of the emitted node and of the constants the pass made for it."""
+    created = [
+        value.producer()
+        for value in fused.node.inputs
+        if value is not None and value.producer() is not None and not annotations.existed(value.producer())
+    ]
+    return [*fused.node.outputs, *(value for node in created for value in node.outputs)]
+
+
+def _finish_outputs(fused: FusedNode, taken: set[str], annotations: Annotations, node_names: _NodeNames) -> None:
+    """Each output that replaced a value takes its name, type and shape (value_info helps onnxruntime's later
+    optimizations); optional outputs nobody reads are dropped or left unnamed; new constants get unique names."""
+    node = fused.node
+    for value, (name, dtype, shape) in zip(node.outputs, fused.output_facts):
+        if name:
+            value.name = _unique(name, taken)
+        if dtype is not None:
+            value.dtype = dtype
+        if shape is not None:
+            value.shape = shape
+    read = [index == 0 or bool(value.uses()) or value.is_graph_output() for index, value in enumerate(node.outputs)]
+    node.resize_outputs(max(index for index, flag in enumerate(read) if flag) + 1)
+    for value, flag in zip(node.outputs, read):
+        if not flag:
+            value.name = ""
+    for value in node.inputs:
+        producer = value.producer() if value is not None else None
+        if producer is not None and not annotations.existed(producer):
+            node_names.give(producer, f"{node.name}/scale")
+            value.name = _unique(f"{node.name}/scale", taken)
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    candidate, counter = name, 1
+    while candidate in taken:
+        candidate, counter = f"{name}_{counter}", counter + 1
+    taken.add(candidate)
+    return candidate
+
+
+class _NodeNames:
+    """Node names must be unique within a graph: gives each new node ``name``, with a suffix if a node of the model
+    or an earlier new node there has it."""
+
+    def __init__(self, annotations: Annotations) -> None:
+        self._annotations = annotations
+        self._taken: dict[int, set[str]] = {}
+
+    def give(self, node: ir.Node, name: str) -> None:
+        graph = node.graph
+        if id(graph) not in self._taken:
+            self._taken[id(graph)] = {other.name for other in graph if other.name and self._annotations.existed(other)}
+        node.name = _unique(name or node.op_type, self._taken[id(graph)])
+
+
+def fused_node_name(matched: list[ir.Node], top: ir.Node, op_type: str) -> str:
+    """``/model/layers.0/input_layernorm/RMSNorm`` when the replaced nodes share a path prefix, else derived from the
+    last replaced node's name."""
+    names = [node.name for node in matched if node.name]
+    prefix = os.path.commonprefix(names) if names else ""
+    short_op = op_type.rsplit(".", 1)[-1]
+    if "/" in prefix:
+        return prefix[: prefix.rindex("/") + 1] + short_op
+    return f"{top.name}/{short_op}" if top.name else short_op
