@@ -127,14 +127,24 @@ struct NormOp : Ort::CustomOpBase<NormOp<Kernel, K, T, S>, Kernel<K, T, S>, /*Wi
   }
 
  private:
-  // Every output has X's type and shape. Left undetermined when X's rank is unknown (reported as 0 here).
+  // Every output has X's type and shape. onnxruntime's C API can only state a dynamic dim by name: an unnamed one
+  // would be read back as the literal value -1, so when X has one (or an unknown rank, reported as 0 dims) the
+  // shape is left to onnxruntime (the output type is inferred anyway).
   static OrtStatusPtr ORT_API_CALL InferOutputShape(const OrtCustomOp*, OrtShapeInferContext* context) {
     const OrtApi& api = Ort::GetApi();
     OrtTensorTypeAndShapeInfo* x_info = nullptr;  // owned by the context
     if (OrtStatus* status = api.ShapeInferContext_GetInputTypeShape(context, Sig::kX, &x_info)) return status;
     size_t rank = 0;
     if (OrtStatus* status = api.GetDimensionsCount(x_info, &rank)) return status;
-    for (size_t output = 0; rank > 0 && output < Sig::kOutputs; ++output) {
+    if (rank == 0) return nullptr;
+    std::vector<int64_t> dims(rank);
+    std::vector<const char*> names(rank, nullptr);
+    if (OrtStatus* status = api.GetDimensions(x_info, dims.data(), rank)) return status;
+    if (OrtStatus* status = api.GetSymbolicDimensions(x_info, names.data(), rank)) return status;
+    for (size_t d = 0; d < rank; ++d) {
+      if (dims[d] < 0 && (names[d] == nullptr || names[d][0] == '\0')) return nullptr;
+    }
+    for (size_t output = 0; output < Sig::kOutputs; ++output) {
       // Fails only for an omitted optional output, which needs no type.
       if (OrtStatus* status = api.ShapeInferContext_SetOutputTypeShape(context, output, x_info)) api.ReleaseStatus(status);
     }

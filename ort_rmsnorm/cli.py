@@ -1,0 +1,289 @@
+"""The ``ort-rmsnorm`` command line: ``fuse``, ``verify``, ``demo``, ``info``.
+
+Each subcommand is a :class:`Command`: a function that adds its arguments to its parser and a function that runs it
+and returns the exit status. Expected errors (unreadable or invalid input, bad options, an output that would
+overwrite the input) print one line on stderr and exit with 2; a verification mismatch exits with 1.
+Heavy modules (onnxscript, torch) are imported only by the subcommands that need them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+PROG = "ort-rmsnorm"
+EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    """A bad option value found after parsing; exits with 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser with its errors on one line (argparse prints the whole usage first)."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+class Progress:
+    """Stage and progress lines on stderr, with the time since the command started."""
+
+    def __init__(self, quiet: bool = False, interval_s: float = 2.0):
+        self.quiet, self.interval_s = quiet, interval_s
+        self.start = self.last = time.perf_counter()
+
+    def stage(self, message: str) -> None:
+        if not self.quiet:
+            print(f"[{time.perf_counter() - self.start:6.1f}s] {message}", file=sys.stderr, flush=True)
+            self.last = time.perf_counter()
+
+    def tensors_written(self, index: int, total: int) -> None:
+        if index == total or time.perf_counter() - self.last >= self.interval_s:
+            self.stage(f"  external data: {index}/{total} tensors written")
+
+
+# --- options shared by fuse --verify and verify -------------------------------------------------------------------
+
+
+def _name_value(text: str, option: str) -> tuple[str, str]:
+    name, separator, value = text.partition("=")
+    if not separator or not name or not value:
+        raise UsageError(f"{option} {text!r}: expected NAME=VALUE")
+    return name, value
+
+
+def parse_dims(items: Sequence[str]) -> dict[str, int]:
+    dims = {}
+    for item in items:
+        name, value = _name_value(item, "--dim")
+        if not value.isdigit():
+            raise UsageError(f"--dim {item!r}: the size must be a non-negative integer")
+        dims[name] = int(value)
+    return dims
+
+
+def add_verify_input_arguments(parser: argparse.ArgumentParser) -> None:
+    from .verify import OPTIMIZATION_LEVELS
+
+    group = parser.add_argument_group("verification inputs")
+    group.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
+                       help="size of a symbolic input dim (default: batch 2, *past* 0, others 4); repeatable")
+    group.add_argument("--input", dest="inputs", action="append", default=[], metavar="NAME=FILE.npy",
+                       help="use this array for an input instead of generated values; repeatable")
+    group.add_argument("--seed", type=int, default=0, help="seed of the generated inputs (default 0)")
+    group.add_argument("--optimization", choices=list(OPTIMIZATION_LEVELS), default="all",
+                       help="onnxruntime graph optimizations for both sessions (default all)")
+
+
+@dataclasses.dataclass
+class VerificationInputs:
+    dims: dict[str, int]
+    arrays: dict  # input name -> numpy array
+
+
+def read_verification_inputs(args: argparse.Namespace) -> VerificationInputs:
+    """Parses --dim and reads --input files; done before any other work, so that mistakes show at once."""
+    from .verify import load_npy_inputs
+
+    return VerificationInputs(parse_dims(args.dim),
+                              load_npy_inputs(dict(_name_value(item, "--input") for item in args.inputs)))
+
+
+def run_verification(original: Path, fused: Path, inputs: VerificationInputs, args: argparse.Namespace) -> int:
+    from . import verify
+
+    try:
+        result = verify.verify(original, fused, dims=inputs.dims, inputs=inputs.arrays, seed=args.seed,
+                               optimization=args.optimization)
+    except verify.FusedModelError as error:
+        print(f"verify: MISMATCH: {error}")
+        return EXIT_MISMATCH
+    print(result.describe())
+    return EXIT_OK if result.ok else EXIT_MISMATCH
+
+
+# --- fuse ---------------------------------------------------------------------------------------------------------
+
+
+def add_fuse_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", type=Path, metavar="IN.onnx", help="model to fuse (never modified)")
+    parser.add_argument("destination", type=Path, metavar="OUT.onnx",
+                        help="fused model, written atomically; external data goes to OUT.onnx.data")
+    parser.add_argument("--target", choices=["custom", "onnx", "ort"], default="custom",
+                        help="custom: ort_rmsnorm.RMSNorm/SkipRMSNorm (default); onnx: RMSNormalization (opset 23); "
+                             "ort: onnxruntime's SimplifiedLayerNormalization")
+    parser.add_argument("--convert-opset", action="store_true",
+                        help="with --target onnx: convert a model below opset 23 to opset 23")
+    parser.add_argument("--report", type=Path, metavar="REPORT.json", help="write the fusion report as JSON")
+    parser.add_argument("--verify", action="store_true",
+                        help="then run IN and OUT on the same inputs and compare (as `verify`)")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    add_verify_input_arguments(parser)
+
+
+def run_fuse(args: argparse.Namespace) -> int:
+    from . import model_io
+
+    verification_inputs = read_verification_inputs(args) if args.verify else None
+    model_io.refuse_overwriting(args.destination, [args.source], "the input")
+    progress = Progress(args.quiet)
+    progress.stage(f"loading {args.source}")
+    model = model_io.load_model(args.source)
+    protected = [args.source, *model_io.external_data_files(model)]
+    # Refuse before the work, not after it (save_model checks again).
+    model_io.check_output_path(args.destination, protected, external_data=model_io.needs_external_data(model))
+    if args.report is not None:
+        model_io.refuse_overwriting(args.report, [*protected, args.destination], "the input or output")
+
+    progress.stage(f"fusing (target {args.target})")
+    from .fusion import fuse_model  # imports onnxscript: after the input checks, which fail fast without it
+
+    report = fuse_model(model, args.target, allow_opset_upgrade=args.convert_opset)
+    progress.stage(f"writing {args.destination}")
+    data_file = model_io.save_model(model, args.destination, protected=protected,
+                                    on_tensor_written=progress.tensors_written)
+    if args.report is not None:
+        model_io.write_text_atomically(args.report, report.to_json(), protected=protected)
+    progress.stage("done")
+
+    print(report.summary())
+    print(f"wrote {args.destination}" + (f" (external data: {data_file})" if data_file else "")
+          + (f", report {args.report}" if args.report is not None else ""))
+    if not args.verify:
+        return EXIT_OK
+    progress.stage(f"verifying {args.destination} against {args.source}")
+    return run_verification(args.source, args.destination, verification_inputs, args)
+
+
+# --- verify -------------------------------------------------------------------------------------------------------
+
+
+def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("original", type=Path, metavar="ORIGINAL.onnx")
+    parser.add_argument("fused", type=Path, metavar="FUSED.onnx")
+    add_verify_input_arguments(parser)
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    return run_verification(args.original, args.fused, read_verification_inputs(args), args)
+
+
+# --- demo ---------------------------------------------------------------------------------------------------------
+
+
+def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
+    from .demo import BUILDERS, LlamaConfig
+
+    defaults = LlamaConfig()
+    parser.add_argument("--builder", choices=BUILDERS, default="auto",
+                        help="torch: export with torch's dynamo exporter; onnx: build with onnx.helper; "
+                             "auto (default): torch when it is installed")
+    parser.add_argument("--dtype", choices=["float32", "float16"], default="float32")
+    parser.add_argument("--layers", type=int, default=defaults.num_layers, help="decoder layers")
+    parser.add_argument("--hidden", type=int, default=defaults.hidden_size, help="hidden size")
+    parser.add_argument("--sequence", type=int, default=256, help="prefill length timed")
+    parser.add_argument("--runs", type=int, default=15, help="timed runs per model")
+    parser.add_argument("--keep", type=Path, metavar="DIR", help="write the models to DIR and keep them")
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from . import demo
+
+    for option in ("layers", "hidden", "sequence", "runs"):
+        if getattr(args, option) < 1:
+            raise UsageError(f"--{option} must be at least 1")
+    if args.builder == "torch" and not demo.torch_available():
+        raise UsageError("--builder torch: torch is not installed (pip install torch), or use --builder onnx")
+    defaults = demo.LlamaConfig()
+    if args.hidden % defaults.num_heads:
+        raise UsageError(f"--hidden must be a multiple of the {defaults.num_heads} attention heads")
+    config = dataclasses.replace(defaults, num_layers=args.layers, hidden_size=args.hidden,
+                                 intermediate_size=args.hidden * defaults.intermediate_size // defaults.hidden_size)
+    return demo.run_demo(config, dtype=args.dtype, builder=args.builder, sequence=args.sequence, runs=args.runs,
+                    directory=args.keep)
+
+
+# --- info ---------------------------------------------------------------------------------------------------------
+
+
+def add_info_arguments(parser: argparse.ArgumentParser) -> None:
+    del parser  # no options
+
+
+def run_info(args: argparse.Namespace) -> int:
+    import importlib.metadata
+    import platform
+
+    import onnxruntime
+
+    from . import __version__, build_info, get_library_path
+
+    print(f"ort-rmsnorm {__version__}")
+    print(f"library: {get_library_path()}")
+    for key, value in build_info().items():
+        print(f"  {key}: {value}")
+    print(f"onnxruntime {onnxruntime.__version__} (providers: {', '.join(onnxruntime.get_available_providers())})")
+    for package in ("onnx", "onnxscript", "onnx-ir", "numpy", "torch"):
+        try:
+            print(f"{package} {importlib.metadata.version(package)}")
+        except importlib.metadata.PackageNotFoundError:
+            print(f"{package}: not installed")
+    print(f"python {platform.python_version()} ({sys.executable})")
+    return EXIT_OK
+
+
+# --- the parser ---------------------------------------------------------------------------------------------------
+
+COMMANDS = [
+    Command("fuse", "fuse the decomposed RMSNorms of a model", add_fuse_arguments, run_fuse),
+    Command("verify", "compare a fused model's outputs with the original's", add_verify_arguments, run_verify),
+    Command("demo", "build a small Llama-style model, fuse, verify and time it", add_demo_arguments, run_demo),
+    Command("info", "library path, build info and versions", add_info_arguments, run_info),
+    # A new subcommand is one more entry here: Command(name, help, add_<name>_arguments, run_<name>).
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description="Fused RMSNorm for ONNX Runtime.")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for command in COMMANDS:
+        subparser = subparsers.add_parser(command.name, help=command.help, description=command.help)
+        command.add_arguments(subparser)
+        subparser.set_defaults(run=command.run)
+    return parser
+
+
+def _expected_errors() -> tuple[type[BaseException], ...]:
+    from .model_io import ModelFileError
+    from .verify import VerifyInputError
+
+    return (UsageError, ModelFileError, VerifyInputError, FileNotFoundError)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except _expected_errors() as error:
+        print(f"{PROG} {args.command}: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"{PROG} {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""A small Llama-style model in torch and the two torch ONNX exporters, for the demo and the export tests.
+
+The modules follow Hugging Face's Llama: ``LlamaRMSNorm`` upcasts to float32, normalizes, casts back and then
+multiplies by the weight; each decoder layer is pre-norm with residual adds before ``post_attention_layernorm`` and
+before the next layer's ``input_layernorm``. Importing this module imports torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import math
+import os
+import warnings
+from typing import Mapping, Sequence
+
+import torch
+from torch import nn
+
+from .demo import LlamaConfig
+
+EXPORTERS = ("torchscript", "dynamo")
+# The opset each exporter is used at: TorchScript's last well-supported opset, and the dynamo exporter's default.
+EXPORTER_OPSET = {"torchscript": 17, "dynamo": 18}
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class LlamaRMSNorm(nn.Module):
+    """Hugging Face's LlamaRMSNorm: statistic in float32, cast back to the input dtype, then the weight."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6):
+        super().__init__()
+        # Not all ones, so that a lost scale shows in the outputs.
+        self.weight = nn.Parameter(1.0 + 0.1 * torch.randn(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states.to(input_dtype)
+
+
+class LlamaAttention(nn.Module):
+    """Causal multi-head self-attention (no rotary embedding: it does not touch the norms)."""
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.num_heads, self.head_dim = config.num_heads, config.head_dim
+        hidden = config.hidden_size
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(hidden, hidden, bias=False) for _ in range(4))
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        batch, sequence, hidden = hidden_states.shape
+
+        def heads(projection: nn.Linear) -> torch.Tensor:
+            return projection(hidden_states).view(batch, sequence, self.num_heads, self.head_dim).transpose(1, 2)
+
+        attended = nn.functional.scaled_dot_product_attention(
+            heads(self.q_proj), heads(self.k_proj), heads(self.v_proj), is_causal=True
+        )
+        return self.o_proj(attended.transpose(1, 2).reshape(batch, sequence, hidden))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(nn.functional.silu(self.gate_proj(hidden_states)) * self.up_proj(hidden_states))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.input_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = LlamaAttention(config)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = LlamaMLP(config)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        hidden_states = hidden_states + self.self_attn(self.input_layernorm(hidden_states))
+        return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
+
+
+class LlamaModel(nn.Module):
+    """Token ids -> logits: embedding, decoder layers, final norm, LM head."""
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_layers))
+        self.norm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        hidden_states = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            hidden_states = layer(hidden_states)
+        return self.lm_head(self.norm(hidden_states))
+
+
+def build_llama(config: LlamaConfig, dtype: str = "float32", seed: int = 0) -> LlamaModel:
+    torch.manual_seed(seed)
+    model = LlamaModel(config)
+    for linear in model.modules():
+        if isinstance(linear, nn.Linear):  # keep activations O(1) through the layers
+            nn.init.normal_(linear.weight, std=1.0 / math.sqrt(linear.in_features))
+    return model.to(TORCH_DTYPES[dtype]).eval()
+
+
+@contextlib.contextmanager
+def _quiet_torch_logs():
+    """The dynamo exporter logs warnings about unrelated optional packages (torchvision) on each export."""
+    logger = logging.getLogger("torch.onnx")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def export(
+    module: nn.Module,
+    example_inputs: Sequence[torch.Tensor],
+    path: str | os.PathLike,
+    *,
+    exporter: str,
+    input_names: Sequence[str],
+    output_names: Sequence[str],
+    dynamic_dims: Mapping[str, Mapping[int, str]],
+) -> None:
+    """Exports ``module`` to ``path`` with one of the torch exporters at its opset (:data:`EXPORTER_OPSET`).
+
+    ``dynamic_dims`` maps input and output names to ``{axis: dim name}``; the same name means the same dim
+    everywhere. (The dynamo exporter derives the outputs' dims itself and reads only the inputs'.)
+    The exporters' progress messages and deprecation warnings are silenced.
+    """
+    module = module.eval()
+    with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), _quiet_torch_logs():
+        warnings.simplefilter("ignore")
+        if exporter == "torchscript":
+            torch.onnx.export(
+                module,
+                tuple(example_inputs),
+                str(path),
+                dynamo=False,
+                opset_version=EXPORTER_OPSET[exporter],
+                input_names=list(input_names),
+                output_names=list(output_names),
+                dynamic_axes={name: dict(axes) for name, axes in dynamic_dims.items()},
+            )
+        elif exporter == "dynamo":
+            dims = {name: torch.export.Dim(name) for axes in dynamic_dims.values() for name in axes.values()}
+            # torch.export names the dims itself; matching them to ours is by input position and axis.
+            torch.onnx.export(
+                module,
+                tuple(example_inputs),
+                str(path),
+                dynamo=True,
+                opset_version=EXPORTER_OPSET[exporter],
+                input_names=list(input_names),
+                output_names=list(output_names),
+                dynamic_shapes=tuple(
+                    {axis: dims[name] for axis, name in dynamic_dims.get(input_name, {}).items()}
+                    for input_name in input_names
+                ),
+                verbose=False,
+            )
+        else:
+            raise ValueError(f"unknown exporter {exporter!r}; expected one of {EXPORTERS}")
+
+
+def export_llama(
+    config: LlamaConfig, path: str | os.PathLike, *, exporter: str = "dynamo", dtype: str = "float32", seed: int = 0
+) -> LlamaModel:
+    """Builds the Llama-style model and exports it with input ``input_ids [batch, sequence]``, output ``logits``."""
+    model = build_llama(config, dtype, seed)
+    example = torch.randint(0, config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(seed))
+    export(
+        model,
+        (example,),
+        path,
+        exporter=exporter,
+        input_names=["input_ids"],
+        output_names=["logits"],
+        dynamic_dims={"input_ids": {0: "batch", 1: "sequence"}, "logits": {0: "batch", 1: "sequence"}},
+    )
+    return model

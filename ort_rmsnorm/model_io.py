@@ -1,0 +1,327 @@
+"""Reading and writing model files safely.
+
+- :func:`load_model`: clear errors for a missing, unreadable, truncated, corrupted or invalid
+  model, each naming the file and the problem. Weights stored as external data stay on disk: :func:`load_model`
+  returns an ``onnx_ir.Model`` whose external tensors are memory-mapped lazily, so models over 2 GB (which must store
+  their weights as external data) are handled without reading the weights.
+- :func:`save_model`: atomic writes. Everything is written into a temporary directory next to the destination,
+  flushed to disk and renamed into place, so an interrupted or failed save leaves no partial output. External data
+  goes next to the output under the output's own name (``OUT.onnx.data``); the input's data files are only read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable, Iterable
+
+import onnx
+import onnx_ir as ir
+from google.protobuf.message import DecodeError
+
+# A serialized protobuf message cannot exceed 2 GiB; graphs beyond that keep their weights in external data files.
+PROTOBUF_LIMIT_BYTES = 2**31 - 1
+# Tensors at or above this size go to the external data file when the output uses external data (onnx's default).
+EXTERNAL_DATA_THRESHOLD_BYTES = 1024
+# onnxruntime registers these ops (the `--target ort` output) in the default ONNX domain, where onnx.checker does not
+# know them.
+ORT_OPS_IN_ONNX_DOMAIN = frozenset({"SimplifiedLayerNormalization"})
+ORT_CONTRIB_DOMAIN = "com.microsoft"
+# Leave room for the graph itself when deciding whether inline weights still fit one protobuf message.
+_GRAPH_HEADROOM_BYTES = 64 * 2**20
+
+
+class ModelFileError(Exception):
+    """A model file cannot be read or written; the message names the file and the problem."""
+
+
+def one_line(message: object) -> str:
+    """A message on one line (checker and onnxruntime messages span several)."""
+    return " ".join(str(message).split())
+
+
+def _check_regular_file(path: Path, what: str) -> None:
+    if not path.exists():
+        raise ModelFileError(f"{path}: no such file")
+    if not path.is_file():
+        raise ModelFileError(f"{path}: {what} is not a regular file")
+    if not os.access(path, os.R_OK):
+        raise ModelFileError(f"{path}: {what} is not readable (permission denied)")
+
+
+def _read_checked_proto(path: Path) -> onnx.ModelProto:
+    _check_regular_file(path, "the model")
+    size = path.stat().st_size
+    if size == 0:
+        raise ModelFileError(f"{path}: empty file, not an ONNX model")
+    if size > PROTOBUF_LIMIT_BYTES:
+        raise ModelFileError(
+            f"{path}: {size} bytes is over protobuf's 2 GiB limit for one .onnx file; models this large must keep "
+            "their weights in external data files (onnx.save_model(..., save_as_external_data=True))"
+        )
+    try:
+        proto = onnx.load_model(str(path), load_external_data=False)
+    except (DecodeError, RuntimeError, ValueError) as error:
+        raise ModelFileError(
+            f"{path}: not a readable ONNX model (truncated or corrupted protobuf: {one_line(error)})"
+        ) from None
+    if not proto.HasField("graph") or not proto.opset_import:
+        raise ModelFileError(f"{path}: not an ONNX model (no graph or no opset imports; truncated or another format?)")
+    try:
+        _run_checker(path, proto)
+    except onnx.checker.ValidationError as error:
+        raise ModelFileError(f"{path}: invalid ONNX model: {one_line(error)}") from None
+    return proto
+
+
+def _nodes(graph: onnx.GraphProto) -> Iterable[onnx.NodeProto]:
+    for node in graph.node:
+        yield node
+        for attribute in node.attribute:
+            for subgraph in [attribute.g] if attribute.HasField("g") else attribute.graphs:
+                yield from _nodes(subgraph)
+
+
+def _run_checker(path: Path, proto: onnx.ModelProto) -> None:
+    ort_nodes = [
+        node
+        for node in _nodes(proto.graph)
+        if node.domain in ("", "ai.onnx") and node.op_type in ORT_OPS_IN_ONNX_DOMAIN
+    ]
+    if not ort_nodes:
+        # The path form reads the file in C++ and checks that external data files exist, without reading them.
+        onnx.checker.check_model(str(path))
+        return
+    # Check everything else: the checker sees these nodes in onnxruntime's contrib domain, whose ops it skips.
+    # (External data files are checked by _check_external_data.)
+    domains = [node.domain for node in ort_nodes]
+    for node in ort_nodes:
+        node.domain = ORT_CONTRIB_DOMAIN
+    imported = any(opset.domain == ORT_CONTRIB_DOMAIN for opset in proto.opset_import)
+    added = None if imported else proto.opset_import.add(domain=ORT_CONTRIB_DOMAIN, version=1)
+    try:
+        onnx.checker.check_model(proto)
+    finally:
+        for node, domain in zip(ort_nodes, domains):
+            node.domain = domain
+        if added is not None:
+            proto.opset_import.remove(added)
+
+
+def _external_tensors(model: ir.Model) -> Iterable[ir.ExternalTensor]:
+    return (
+        value.const_value
+        for graph in model.graphs()
+        for value in graph.initializers.values()
+        if isinstance(value.const_value, ir.ExternalTensor)
+    )
+
+
+def _check_external_data(model: ir.Model, model_path: Path) -> None:
+    for tensor in _external_tensors(model):
+        data_path = Path(tensor.path)
+        _check_regular_file(data_path, f"external data of tensor '{tensor.name}' in {model_path.name}")
+        end = (tensor.offset or 0) + (tensor.length if tensor.length is not None else tensor.nbytes)
+        if data_path.stat().st_size < end:
+            raise ModelFileError(
+                f"{data_path}: external data file too short for tensor '{tensor.name}' of {model_path.name} "
+                f"(needs bytes up to {end}, file has {data_path.stat().st_size}; truncated?)"
+            )
+        links = data_path.resolve().stat().st_nlink
+        if links > 1:
+            # onnx_ir refuses to read hard-linked data files (a guard against hard-link attacks).
+            raise ModelFileError(
+                f"{data_path}: external data file has {links} hard links; onnx_ir refuses to read hard-linked "
+                "external data, so copy the file instead of linking it"
+            )
+
+
+def load_model(path: str | os.PathLike) -> ir.Model:
+    """Loads and validates the model file at ``path``, keeping external data on disk (memory-mapped lazily).
+
+    Raises :class:`ModelFileError` for a missing or unreadable file, a truncated or corrupted protobuf, a file that is
+    not an ONNX model, a model ``onnx.checker`` rejects, and missing or too short external data files.
+    """
+    path = Path(path)
+    model = ir.serde.deserialize_model(_read_checked_proto(path))
+    # External tensors resolve their locations against the model's directory.
+    ir.external_data.set_base_dir(model.graph, str(path.parent.resolve()))
+    _check_external_data(model, path)
+    return model
+
+
+def external_data_files(model: ir.Model) -> set[Path]:
+    """The files the model's external tensors are stored in."""
+    return {Path(tensor.path).resolve() for tensor in _external_tensors(model)}
+
+
+def _inline_weight_bytes(model: ir.Model) -> int:
+    return sum(
+        value.const_value.nbytes
+        for graph in model.graphs()
+        for value in graph.initializers.values()
+        if value.const_value is not None and not isinstance(value.const_value, ir.ExternalTensor)
+    )
+
+
+def needs_external_data(model: ir.Model) -> bool:
+    """True when the model keeps weights in external data, or its weights would not fit one protobuf message."""
+    return bool(external_data_files(model)) or (
+        _inline_weight_bytes(model) > PROTOBUF_LIMIT_BYTES - _GRAPH_HEADROOM_BYTES
+    )
+
+
+def data_file_name(output: Path) -> str:
+    """Name of the external data file written next to ``output``."""
+    return output.name + ".data"
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Same file through any spelling, symlink or hard link; for paths that do not exist, the same resolved path."""
+    with contextlib.suppress(OSError):
+        return os.path.samefile(a, b)
+    return a.resolve() == b.resolve()
+
+
+def refuse_overwriting(output: str | os.PathLike, protected: Iterable[str | os.PathLike], what: str) -> None:
+    """Raises :class:`ModelFileError` when ``output`` is one of the ``protected`` files (the input and its data)."""
+    output = Path(output)
+    for path in map(Path, protected):
+        if _same_file(output, path):
+            raise ModelFileError(f"{output}: refusing to overwrite {what} {path}; choose another output path")
+
+
+def check_output_path(output: str | os.PathLike, protected: Iterable[str | os.PathLike], *,
+                      external_data: bool) -> None:
+    """Raises :class:`ModelFileError` when ``output`` (or its data file) cannot be written or would overwrite one
+    of the ``protected`` files."""
+    output = Path(output)
+    if not output.parent.is_dir():
+        raise ModelFileError(f"{output}: the output directory {output.parent} does not exist")
+    if output.is_dir():
+        raise ModelFileError(f"{output}: is a directory")
+    protected = list(protected)
+    refuse_overwriting(output, protected, "the input")
+    if external_data:
+        refuse_overwriting(output.with_name(data_file_name(output)), protected, "the input")
+
+
+def _fsync(path: Path) -> None:
+    flags = (os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)) if path.is_dir() else os.O_RDONLY
+    descriptor = os.open(path, flags)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _move_into_place(staged_files: list[Path], directory: Path) -> None:
+    """Renames the staged files into ``directory`` in order (the model file last: whoever sees it finds its data
+    complete); if a rename fails, the files already moved are removed again so that no partial output remains."""
+    moved: list[Path] = []
+    try:
+        for staged in staged_files:
+            os.replace(staged, directory / staged.name)
+            moved.append(directory / staged.name)
+        _fsync(directory)
+    except BaseException:
+        for path in moved:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        raise
+
+
+def _load_external_tensors(model: ir.Model, max_bytes: int | None) -> None:
+    """Replaces the external tensors of at most ``max_bytes`` (all: None) with in-memory copies.
+
+    onnx_ir's save loads the small ones itself but then closes each tensor's memory map, which fails while any numpy
+    view of it is alive (e.g. a constant read by the pass); copying here leaves the maps alone.
+    """
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            tensor = value.const_value
+            if isinstance(tensor, ir.ExternalTensor) and (max_bytes is None or tensor.nbytes <= max_bytes):
+                value.const_value = ir.Tensor(tensor.numpy().copy(), dtype=tensor.dtype, name=tensor.name)
+
+
+def save_model(
+    model: ir.Model | onnx.ModelProto,
+    path: str | os.PathLike,
+    *,
+    external_data: bool | None = None,
+    protected: Iterable[str | os.PathLike] = (),
+    on_tensor_written: Callable[[int, int], None] | None = None,
+) -> Path | None:
+    """Writes ``model`` to ``path`` atomically and returns the external data file written, if any.
+
+    ``external_data``: store weights in ``<path>.data`` next to the output; ``None`` decides with
+    :func:`needs_external_data`; ``False`` reads external weights into the output file. ``protected``: files that
+    must not be overwritten (the input model and its data); the output and its data file are checked against them
+    through symlinks and hard links.
+    ``on_tensor_written(index, total)`` reports progress while external data is written.
+    """
+    output = Path(path)
+    if isinstance(model, onnx.ModelProto):
+        model = ir.serde.deserialize_model(model)
+    if external_data is None:
+        external_data = needs_external_data(model)
+    check_output_path(output, protected, external_data=external_data)
+    data_name = data_file_name(output) if external_data else None
+    # Small tensors go inline; without external data, all of them (an explicit external_data=False).
+    _load_external_tensors(model, EXTERNAL_DATA_THRESHOLD_BYTES if external_data else None)
+
+    callback = None
+    if on_tensor_written is not None:
+        def callback(_tensor, info: ir.external_data.CallbackInfo) -> None:
+            on_tensor_written(info.index + 1, info.total)
+
+    try:
+        staging = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.tmp-"))
+    except OSError as error:
+        raise ModelFileError(f"{output}: cannot write in {output.parent}: {error.strerror or error}") from None
+    try:
+        staged_model = staging / output.name
+        ir.save(
+            model,
+            staged_model,
+            external_data=data_name,
+            size_threshold_bytes=EXTERNAL_DATA_THRESHOLD_BYTES,
+            callback=callback,
+        )
+        staged_files = [*([staging / data_name] if data_name else []), staged_model]
+        for staged in staged_files:
+            _fsync(staged)
+        _move_into_place(staged_files, output.parent)
+    except ValueError as error:
+        # onnx.save's 2 GiB protobuf limit, onnx_ir's checks on external data paths.
+        raise ModelFileError(f"{output}: cannot write the model: {one_line(error)}") from None
+    except OSError as error:
+        raise ModelFileError(f"{output}: cannot write the model: {error.strerror or error}") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return output.with_name(data_name) if data_name else None
+
+
+def write_text_atomically(path: str | os.PathLike, text: str, *, protected: Iterable[Path] = ()) -> None:
+    """Writes ``text`` to ``path`` through a temporary file in the same directory and a rename."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise ModelFileError(f"{path}: the directory {path.parent} does not exist")
+    refuse_overwriting(path, protected, "the input")
+    temporary = None
+    try:
+        descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
+        with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except OSError as error:
+        raise ModelFileError(f"{path}: cannot write: {error.strerror or error}") from None
+    finally:
+        if temporary is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(temporary)
