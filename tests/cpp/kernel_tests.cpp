@@ -12,60 +12,12 @@
 #include <string>
 #include <vector>
 
+#include "kernel_test_support.h"
 #include "norm_geometry.h"
-#include "rmsnorm_kernels.h"
-#include "scalar_convert.h"
 
 using namespace ort_rmsnorm;
 
 namespace {
-
-int g_failures = 0;
-int g_checks = 0;
-
-void Expect(bool ok, const std::string& what) {
-  ++g_checks;
-  if (!ok) {
-    ++g_failures;
-    if (g_failures <= 30) std::printf("FAIL: %s\n", what.c_str());
-  }
-}
-
-template <typename T>
-const char* TypeName();
-template <>
-const char* TypeName<float>() { return "float32"; }
-template <>
-const char* TypeName<Float16>() { return "float16"; }
-template <>
-const char* TypeName<BFloat16>() { return "bfloat16"; }
-
-// Unit roundoff of T (half an ulp at 1).
-template <typename T>
-double UnitRoundoff();
-template <>
-double UnitRoundoff<float>() { return std::ldexp(1.0, -24); }
-template <>
-double UnitRoundoff<Float16>() { return std::ldexp(1.0, -11); }
-template <>
-double UnitRoundoff<BFloat16>() { return std::ldexp(1.0, -8); }
-
-// Smallest positive subnormal of T: the absolute error floor of rounding to T.
-template <typename T>
-double SmallestSubnormal();
-template <>
-double SmallestSubnormal<float>() { return std::ldexp(1.0, -149); }
-template <>
-double SmallestSubnormal<Float16>() { return std::ldexp(1.0, -24); }
-template <>
-double SmallestSubnormal<BFloat16>() { return std::ldexp(1.0, -133); }
-
-// Relative tolerance against the float64 reference: one rounding to T, plus float32 arithmetic (factor, two
-// products) and float32 partial sums of at most 32 terms (see row_algorithm.h), in units of float32 roundoff.
-template <typename T>
-double RelativeTolerance() {
-  return UnitRoundoff<T>() + 40.0 * std::ldexp(1.0, -24);
-}
 
 struct Case {
   int64_t rows;
@@ -108,8 +60,6 @@ void Reference(const Case& c, const std::vector<T>& x, const std::vector<T>& ski
     }
   }
 }
-
-bool SameBits(float a, float b) { return FloatBits(a) == FloatBits(b) || (std::isnan(a) && std::isnan(b)); }
 
 // Runs `kernels` on one case and compares with the reference (and, when given, with another ISA's output).
 template <typename T>
@@ -348,14 +298,7 @@ void TestGeometry() {
 
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
-  std::vector<const CpuKernels*> isas;
-  for (CpuIsa isa : kAllCpuIsas) {
-    if (const CpuKernels* kernels = CpuKernelsFor(isa)) isas.push_back(kernels);
-  }
-  const char* error = nullptr;
-  std::printf("instruction sets on this CPU:");
-  for (const CpuKernels* kernels : isas) std::printf(" %s", kernels->isa);
-  std::printf(" (dispatch picks %s)\n", SelectCpuKernels(nullptr, &error)->isa);
+  const std::vector<const CpuKernels*> isas = AvailableIsas();
 
   TestConversions();
   TestGeometry();
@@ -369,6 +312,5 @@ int main(int argc, char** argv) {
   RunInPlace<Float16>(isas);
   RunInPlace<BFloat16>(isas);
 
-  std::printf("%d checks, %d failures\n", g_checks, g_failures);
-  return g_failures == 0 ? 0 : 1;
+  return Summary();
 }
