@@ -1,4 +1,4 @@
-"""The ``ort-rmsnorm`` command line: ``fuse``, ``verify``, ``demo``, ``info``.
+"""The ``ort-rmsnorm`` command line: ``fuse``, ``verify``, ``demo``, ``bench``, ``info``.
 
 Each subcommand is a :class:`Command`: a function that adds its arguments to its parser and a function that runs it
 and returns the exit status. Expected errors (unreadable or invalid input, bad options, an output that would
@@ -247,10 +247,24 @@ def run_info(args: argparse.Namespace) -> int:
 
 # --- the parser ---------------------------------------------------------------------------------------------------
 
+def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    from .bench import add_bench_arguments as add
+
+    add(parser)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from .bench import run_bench as run
+
+    return run(args)
+
+
 COMMANDS = [
     Command("fuse", "fuse the decomposed RMSNorms of a model", add_fuse_arguments, run_fuse),
     Command("verify", "compare a fused model's outputs with the original's", add_verify_arguments, run_verify),
     Command("demo", "build a small Llama-style model, fuse, verify and time it", add_demo_arguments, run_demo),
+    Command("bench", "time the norm kernels against onnxruntime's and a memory copy (--e2e: a whole model)",
+            add_bench_arguments, run_bench),
     Command("info", "library path, build info and versions", add_info_arguments, run_info),
     # A new subcommand is one more entry here: Command(name, help, add_<name>_arguments, run_<name>).
 ]

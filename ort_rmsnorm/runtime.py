@@ -40,14 +40,16 @@ def make_session(
     return ort.InferenceSession(model, options, providers=list(providers))
 
 
-def _to_ort(array: np.ndarray) -> ort.OrtValue:
+def to_ort_value(array: np.ndarray) -> ort.OrtValue:
+    """A CPU OrtValue on the array's memory (no copy when it is C-contiguous); bfloat16 via its uint16 bits."""
     if array.dtype == BFLOAT16:
         bits = np.require(array, requirements="C").view(np.uint16)
         return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(bits, onnx.TensorProto.BFLOAT16)
     return ort.OrtValue.ortvalue_from_numpy(np.require(array, requirements="C"))  # keeps 0-d arrays 0-d
 
 
-def _to_numpy(value: ort.OrtValue) -> np.ndarray:
+def to_numpy(value: ort.OrtValue) -> np.ndarray:
+    """A numpy copy of a CPU OrtValue; bfloat16 as ml_dtypes.bfloat16."""
     if value.data_type() == "tensor(bfloat16)":
         size = value.tensor_size_in_bytes()
         raw = (ctypes.c_uint8 * size).from_address(value.data_ptr()) if size else b""
@@ -61,6 +63,6 @@ def run(
     output_names: Sequence[str] | None = None,
 ) -> list[np.ndarray]:
     """``session.run`` that accepts and returns ml_dtypes.bfloat16 arrays."""
-    values = {name: _to_ort(np.asarray(array)) for name, array in feeds.items()}
+    values = {name: to_ort_value(np.asarray(array)) for name, array in feeds.items()}
     outputs = session.run_with_ort_values(list(output_names) if output_names else None, values)
-    return [_to_numpy(value) for value in outputs]
+    return [to_numpy(value) for value in outputs]

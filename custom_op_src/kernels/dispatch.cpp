@@ -29,7 +29,7 @@ namespace {
 struct CpuFeatures {
   bool avx2_fma_f16c = false;
   bool avx512 = false;  // F + BW + VL, with the OS saving ZMM state
-  bool avx512_bf16 = false;
+  bool avx512_bf16 = false;  // with DQ (vfpclassps) too
 };
 
 CpuFeatures DetectCpuFeatures() {
@@ -48,7 +48,10 @@ CpuFeatures DetectCpuFeatures() {
   features.avx2_fma_f16c = avx2 && fma && f16c;
   const bool avx512f = ebx & (1u << 16), avx512bw = ebx & (1u << 30), avx512vl = ebx & (1u << 31);
   features.avx512 = features.avx2_fma_f16c && os_saves_zmm && avx512f && avx512bw && avx512vl;
-  if (features.avx512 && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx)) features.avx512_bf16 = eax & (1u << 5);
+  const bool avx512dq = ebx & (1u << 17);
+  if (features.avx512 && avx512dq && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx)) {
+    features.avx512_bf16 = eax & (1u << 5);
+  }
 #endif
   return features;
 }

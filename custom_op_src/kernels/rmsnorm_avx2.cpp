@@ -29,22 +29,41 @@ struct Avx2Lanes {
   }
 
   static void Store(float* p, F v) { _mm256_storeu_ps(p, v); }
-  static void Store(Float16* p, F v) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  static void Store(Float16* p, F v) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), ToFloat16(v)); }
+  static void Store(BFloat16* p, F v) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), ToBFloat16(v)); }
+
+  static void StoreStreaming(float* p, F v) { _mm256_stream_ps(p, v); }
+  static void StoreStreaming(Float16* p, F v) { _mm_stream_si128(reinterpret_cast<__m128i*>(p), ToFloat16(v)); }
+  static void StoreStreaming(BFloat16* p, F v) { _mm_stream_si128(reinterpret_cast<__m128i*>(p), ToBFloat16(v)); }
+  static void StreamingFence() { _mm_sfence(); }
+
+  template <typename T>
+  static F Round(F v) {
+    if constexpr (std::is_same_v<T, Float16>) return _mm256_cvtph_ps(ToFloat16(v));
+    if constexpr (std::is_same_v<T, BFloat16>) {
+      return _mm256_castsi256_ps(_mm256_and_si256(BFloat16High(v), _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+    }
+    return v;
   }
-  static void Store(BFloat16* p, F v) {
-    // Round to nearest-even on the bit pattern; NaN lanes are made quiet instead of rounded (which could
-    // carry them into infinity).
+
+ private:
+  static __m128i ToFloat16(F v) { return _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+
+  // Each lane's bfloat16 (rounded to nearest-even on the bit pattern) in its upper 16 bits; NaN lanes are made
+  // quiet instead of rounded (rounding could carry them into infinity).
+  static __m256i BFloat16High(F v) {
     const __m256i bits = _mm256_castps_si256(v);
     const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
     const __m256i rounded = _mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF)));
     const __m256i quiet_nan = _mm256_or_si256(bits, _mm256_set1_epi32(0x00400000));
     const __m256 is_nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
-    const __m256i chosen = _mm256_blendv_epi8(rounded, quiet_nan, _mm256_castps_si256(is_nan));
-    const __m256i halves = _mm256_srli_epi32(chosen, 16);
+    return _mm256_blendv_epi8(rounded, quiet_nan, _mm256_castps_si256(is_nan));
+  }
+
+  static __m128i ToBFloat16(F v) {
+    const __m256i halves = _mm256_srli_epi32(BFloat16High(v), 16);
     // packus works per 128-bit lane: [a0..3 b0..3 | a4..7 b4..7] -> reorder quadwords 0,2.
-    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(halves, halves), 0x08);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+    return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(halves, halves), 0x08));
   }
 };
 

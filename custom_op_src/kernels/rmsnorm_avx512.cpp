@@ -4,21 +4,21 @@
 // The two differ only in how float32 is rounded to bfloat16.
 #include <immintrin.h>
 
-#include <cfloat>
+#include <type_traits>
 
 #include "row_algorithm.h"
 
 namespace ort_rmsnorm {
 namespace {
 
-// Exact round-to-nearest-even on the bit pattern; NaN lanes are made quiet instead of rounded.
-inline __m256i RoundToBFloat16Bits(__m512 v) {
+// Each lane's bfloat16, rounded to nearest-even on the bit pattern, in its upper 16 bits; NaN lanes are made quiet
+// instead of rounded (rounding could carry them into infinity).
+inline __m512i BFloat16High(__m512 v) {
   const __m512i bits = _mm512_castps_si512(v);
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
   const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
   const __mmask16 is_nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  const __m512i chosen = _mm512_mask_or_epi32(rounded, is_nan, bits, _mm512_set1_epi32(0x00400000));
-  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(chosen, 16));
+  return _mm512_mask_or_epi32(rounded, is_nan, bits, _mm512_set1_epi32(0x00400000));
 }
 
 struct Avx512Lanes {
@@ -39,22 +39,33 @@ struct Avx512Lanes {
   }
 
   static void Store(float* p, F v) { _mm512_storeu_ps(p, v); }
-  static void Store(Float16* p, F v) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  static void Store(Float16* p, F v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), ToFloat16(v)); }
+  static void Store(BFloat16* p, F v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), ToBFloat16(v)); }
+
+  static void StoreStreaming(float* p, F v) { _mm512_stream_ps(p, v); }
+  static void StoreStreaming(Float16* p, F v) { _mm256_stream_si256(reinterpret_cast<__m256i*>(p), ToFloat16(v)); }
+  static void StoreStreaming(BFloat16* p, F v) { _mm256_stream_si256(reinterpret_cast<__m256i*>(p), ToBFloat16(v)); }
+  static void StreamingFence() { _mm_sfence(); }
+
+  template <typename T>
+  static F Round(F v) {
+    if constexpr (std::is_same_v<T, Float16>) return _mm512_cvtph_ps(ToFloat16(v));
+    if constexpr (std::is_same_v<T, BFloat16>) {
+      return _mm512_castsi512_ps(_mm512_and_si512(BFloat16High(v), _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+    }
+    return v;
   }
-  static void Store(BFloat16* p, F v) {
-    __m256i halves;
+
+ private:
+  static __m256i ToFloat16(F v) { return _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+
+  static __m256i ToBFloat16(F v) {
 #ifdef ORT_RMSNORM_AVX512_BF16
     // vcvtneps2bf16 rounds to nearest-even but flushes subnormal inputs and outputs to zero; vectors holding a
-    // value with 0 < |v| < FLT_MIN (rare) take the exact integer path instead.
-    const __m512 magnitude = _mm512_abs_ps(v);
-    const __mmask16 subnormal = _mm512_cmp_ps_mask(magnitude, _mm512_set1_ps(FLT_MIN), _CMP_LT_OQ) &
-                                _mm512_cmp_ps_mask(magnitude, _mm512_setzero_ps(), _CMP_GT_OQ);
-    halves = subnormal ? RoundToBFloat16Bits(v) : (__m256i)_mm512_cvtneps_pbh(v);
-#else
-    halves = RoundToBFloat16Bits(v);
+    // subnormal (rare) take the exact integer path instead.
+    if (_mm512_fpclass_ps_mask(v, 0x20) == 0) return (__m256i)_mm512_cvtneps_pbh(v);
 #endif
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), halves);
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(BFloat16High(v), 16));
   }
 };
 

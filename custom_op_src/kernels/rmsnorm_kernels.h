@@ -33,6 +33,9 @@ struct RowBatch {
   int64_t cols = 0;
   float epsilon = 1e-5f;
   bool eps_outside_sqrt = false;
+  // Write y (and sum) with non-temporal stores: for outputs too large to stay in cache for the next op, where an
+  // ordinary store would first read each line of y from memory. Requires y and sum rows aligned to 64 bytes.
+  bool streaming_stores = false;
 };
 
 // Normalizes rows [begin, end) of `batch`. Rows are independent: disjoint ranges may run concurrently.

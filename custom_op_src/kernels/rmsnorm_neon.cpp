@@ -68,6 +68,26 @@ struct NeonLanes {
   static void Store(BFloat16* p, F v) {
     vst1q_u16(Bits(p), vshrn_high_n_u32(vshrn_n_u32(RoundToBFloat16(v.lo), 16), RoundToBFloat16(v.hi), 16));
   }
+
+  // No streaming stores: the large-output case they serve is a server-CPU concern.
+  template <typename T>
+  static void StoreStreaming(T* p, F v) {
+    Store(p, v);
+  }
+  static void StreamingFence() {}
+
+  template <typename T>
+  static F Round(F v) {
+    if constexpr (std::is_same_v<T, Float16>) {
+      return {vcvt_f32_f16(vcvt_f16_f32(v.lo)), vcvt_f32_f16(vcvt_f16_f32(v.hi))};
+    } else if constexpr (std::is_same_v<T, BFloat16>) {
+      const uint32x4_t high = vdupq_n_u32(0xFFFF0000u);
+      return {vreinterpretq_f32_u32(vandq_u32(RoundToBFloat16(v.lo), high)),
+              vreinterpretq_f32_u32(vandq_u32(RoundToBFloat16(v.hi), high))};
+    } else {
+      return v;
+    }
+  }
 };
 
 }  // namespace

@@ -30,6 +30,16 @@ struct ScalarLanes {
   static void Store(T* p, F a) {
     for (int i = 0; i < kWidth; ++i) p[i] = FromFloat<T>(a.v[i]);
   }
+  template <typename T>
+  static F Round(F a) {
+    for (float& value : a.v) value = ToFloat(FromFloat<T>(value));
+    return a;
+  }
+  template <typename T>
+  static void StoreStreaming(T* p, F a) {
+    Store(p, a);
+  }
+  static void StreamingFence() {}
 };
 
 }  // namespace

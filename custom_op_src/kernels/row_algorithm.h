@@ -4,8 +4,12 @@
 // V provides, for float32 lanes of width V::kWidth:
 //   using F;  static F Zero();  static F Set1(float);  static F Add(F, F);  static F Mul(F, F);
 //   static F Fma(F a, F b, F c) /* a*b + c */;  static float ReduceAdd(F);
-//   static F Load(const T*) and static void Store(T*, F) for T in {float, Float16, BFloat16}
-//     (Load widens exactly; Store rounds to nearest-even).
+//   for T in {float, Float16, BFloat16}:
+//     static F Load(const T*), static void Store(T*, F): Load widens exactly, Store rounds to nearest-even;
+//     template <T> static F Round(F): the values rounded to T (nearest-even) and widened back;
+//     static void StoreStreaming(T*, F): Store with a non-temporal hint, to an address aligned to the vector's
+//       bytes (a plain Store where the ISA has no such store);
+//   static void StreamingFence(): orders the streaming stores before later ones (a no-op without them).
 //
 // Everything is in an anonymous namespace: see scalar_convert.h for why.
 #pragma once
@@ -43,8 +47,42 @@ void StorePartial(T* p, typename V::F v, int64_t n) {
   std::memcpy(static_cast<void*>(p), buffer, static_cast<size_t>(n) * sizeof(T));
 }
 
+// Where a row's values come from. Both give float32 vectors of values already exact in T.
 template <class V, typename T>
-double SumSquares(const T* x, int64_t n) {
+struct InputRow {  // the tensor itself (X, or SkipRMSNorm's stored sum)
+  using Elem = T;
+  const T* x;
+  typename V::F Load(int64_t i) const { return V::Load(x + i); }
+  typename V::F LoadPartial(int64_t i, int64_t m) const { return ort_rmsnorm::LoadPartial<V>(x + i, m); }
+  float Value(int64_t i) const { return ToFloat(x[i]); }
+};
+
+template <class V, typename T>
+struct SkipSumRow {  // h = round_T(x + skip), recomputed in registers wherever it is needed
+  using Elem = T;
+  const T* x;
+  const T* skip;
+  typename V::F Load(int64_t i) const { return V::template Round<T>(V::Add(V::Load(x + i), V::Load(skip + i))); }
+  typename V::F LoadPartial(int64_t i, int64_t m) const {
+    return V::template Round<T>(
+        V::Add(ort_rmsnorm::LoadPartial<V>(x + i, m), ort_rmsnorm::LoadPartial<V>(skip + i, m)));
+  }
+  float Value(int64_t i) const { return ToFloat(FromFloat<T>(ToFloat(x[i]) + ToFloat(skip[i]))); }
+};
+
+// Full-vector stores: streaming (non-temporal) ones for large calls, see RowBatch::streaming_stores.
+template <class V, bool kStreaming, typename T>
+void StoreVector(T* p, typename V::F v) {
+  if constexpr (kStreaming) {
+    V::StoreStreaming(p, v);
+  } else {
+    V::Store(p, v);
+  }
+}
+
+// Sum of squares of a row; its values are also stored to `h_out` when not null (SkipRMSNorm's `sum` output).
+template <class V, bool kStreaming, class Row>
+double SumSquares(const Row& row, int64_t n, typename Row::Elem* h_out) {
   using F = typename V::F;
   constexpr int64_t W = V::kWidth;
   double total = 0.0;
@@ -53,18 +91,26 @@ double SumSquares(const T* x, int64_t n) {
     F a0 = V::Zero(), a1 = V::Zero(), a2 = V::Zero(), a3 = V::Zero();
     int64_t i = block;
     for (; i + 4 * W <= end; i += 4 * W) {
-      const F v0 = V::Load(x + i), v1 = V::Load(x + i + W), v2 = V::Load(x + i + 2 * W), v3 = V::Load(x + i + 3 * W);
+      const F v0 = row.Load(i), v1 = row.Load(i + W), v2 = row.Load(i + 2 * W), v3 = row.Load(i + 3 * W);
+      if (h_out) {
+        StoreVector<V, kStreaming>(h_out + i, v0);
+        StoreVector<V, kStreaming>(h_out + i + W, v1);
+        StoreVector<V, kStreaming>(h_out + i + 2 * W, v2);
+        StoreVector<V, kStreaming>(h_out + i + 3 * W, v3);
+      }
       a0 = V::Fma(v0, v0, a0);
       a1 = V::Fma(v1, v1, a1);
       a2 = V::Fma(v2, v2, a2);
       a3 = V::Fma(v3, v3, a3);
     }
     for (; i + W <= end; i += W) {
-      const F v = V::Load(x + i);
+      const F v = row.Load(i);
+      if (h_out) StoreVector<V, kStreaming>(h_out + i, v);
       a0 = V::Fma(v, v, a0);
     }
     if (i < end) {
-      const F v = LoadPartial<V>(x + i, end - i);
+      const F v = row.LoadPartial(i, end - i);
+      if (h_out) StorePartial<V>(h_out + i, v, end - i);
       a1 = V::Fma(v, v, a1);
     }
     total += V::ReduceAdd(V::Add(V::Add(a0, a1), V::Add(a2, a3)));
@@ -72,104 +118,109 @@ double SumSquares(const T* x, int64_t n) {
   return total;
 }
 
-// h = round_T(a + b) is stored, and the sum of squares of the stored (rounded) values is returned, so the
-// statistic is exactly that of the unfused graph, where the Add produces a T tensor.
-template <class V, typename T>
-double AddStoreSumSquares(const T* a, const T* b, T* h, int64_t n) {
-  using F = typename V::F;
-  constexpr int64_t W = V::kWidth;
-  auto rounded = [](const T* stored, F exact) {
-    if constexpr (std::is_same_v<T, float>) {
-      (void)stored;
-      return exact;
-    } else {
-      return V::Load(stored);  // just stored: read back the rounded value from L1
-    }
-  };
-  double total = 0.0;
-  for (int64_t block = 0; block < n; block += kSumBlock) {
-    const int64_t end = block + kSumBlock < n ? block + kSumBlock : n;
-    F a0 = V::Zero(), a1 = V::Zero();
-    int64_t i = block;
-    for (; i + 2 * W <= end; i += 2 * W) {
-      const F s0 = V::Add(V::Load(a + i), V::Load(b + i));
-      const F s1 = V::Add(V::Load(a + i + W), V::Load(b + i + W));
-      V::Store(h + i, s0);
-      V::Store(h + i + W, s1);
-      const F r0 = rounded(h + i, s0), r1 = rounded(h + i + W, s1);
-      a0 = V::Fma(r0, r0, a0);
-      a1 = V::Fma(r1, r1, a1);
-    }
-    for (; i < end; i += W) {
-      const int64_t m = end - i < W ? end - i : W;
-      const F s = V::Add(LoadPartial<V>(a + i, m), LoadPartial<V>(b + i, m));
-      StorePartial<V>(h + i, s, m);
-      const F r = LoadPartial<V>(h + i, m);
-      a0 = V::Fma(r, r, a0);
-    }
-    total += V::ReduceAdd(V::Add(a0, a1));
+// The next row's inputs, prefetched into L2 while the current row is finished from cache, so that its first pass
+// finds them there instead of waiting on memory.
+template <typename T>
+struct NextRow {
+  const T* a = nullptr;
+  const T* b = nullptr;
+  void Prefetch(int64_t i) const {
+    if (a) __builtin_prefetch(a + i, 0, 2);
+    if (b) __builtin_prefetch(b + i, 0, 2);
   }
-  return total;
-}
+};
 
-// y = round_T(src * factor * scale). `src` may equal `y` (in-place).
-template <class V, typename T>
-void ScaleRow(const T* src, T* y, int64_t n, float factor, const float* scale) {
+// y = round_T(row * factor * scale).
+template <class V, bool kStreaming, class Row, typename T>
+void ScaleRow(const Row& row, T* y, int64_t n, float factor, const float* scale, const NextRow<T>& next) {
   using F = typename V::F;
   constexpr int64_t W = V::kWidth;
+  constexpr int64_t kLine = 64 / sizeof(T);  // elements per cache line: one prefetch each
   const F f = V::Set1(factor);
   int64_t i = 0;
   if (scale) {
-    for (; i + W <= n; i += W) V::Store(y + i, V::Mul(V::Mul(V::Load(src + i), f), V::Load(scale + i)));
+    for (; i + W <= n; i += W) {
+      if (i % kLine < W) next.Prefetch(i);
+      StoreVector<V, kStreaming>(y + i, V::Mul(V::Mul(row.Load(i), f), V::Load(scale + i)));
+    }
     if (i < n) {
-      const F v = V::Mul(V::Mul(LoadPartial<V>(src + i, n - i), f), LoadPartial<V>(scale + i, n - i));
+      const F v = V::Mul(V::Mul(row.LoadPartial(i, n - i), f), LoadPartial<V>(scale + i, n - i));
       StorePartial<V>(y + i, v, n - i);
     }
   } else {
-    for (; i + W <= n; i += W) V::Store(y + i, V::Mul(V::Load(src + i), f));
-    if (i < n) StorePartial<V>(y + i, V::Mul(LoadPartial<V>(src + i, n - i), f), n - i);
+    for (; i + W <= n; i += W) {
+      if (i % kLine < W) next.Prefetch(i);
+      StoreVector<V, kStreaming>(y + i, V::Mul(row.Load(i), f));
+    }
+    if (i < n) StorePartial<V>(y + i, V::Mul(row.LoadPartial(i, n - i), f), n - i);
   }
 }
 
-// The whole row in double: for rows whose float32 statistic is not trustworthy (see kMinFastSumSquares).
+// The whole row in double: for rows whose float32 statistic is not trustworthy (see row_statistics.h).
 // Results are rounded double -> float -> T.
-template <typename T>
-void NormalizeRowInDouble(const T* src, T* y, int64_t n, const float* scale, float epsilon, bool eps_outside_sqrt) {
+template <class Row, typename T>
+void NormalizeRowInDouble(const Row& row, T* y, int64_t n, const float* scale, float epsilon, bool eps_outside_sqrt) {
   double sum_squares = 0.0;
   for (int64_t i = 0; i < n; ++i) {
-    const double v = ToFloat(src[i]);
+    const double v = row.Value(i);
     sum_squares += v * v;
   }
   const double factor = InverseRms(sum_squares, n, epsilon, eps_outside_sqrt);
   for (int64_t i = 0; i < n; ++i) {
-    const double v = static_cast<double>(ToFloat(src[i])) * factor * (scale ? scale[i] : 1.0f);
+    const double v = static_cast<double>(row.Value(i)) * factor * (scale ? scale[i] : 1.0f);
     y[i] = FromFloat<T>(static_cast<float>(v));
   }
 }
 
-template <class V, typename T>
-void NormalizeRows(const RowBatch<T>& batch, int64_t begin, int64_t end) {
+// One row: statistic from `stat_row` (storing it to h_out when given), output from `out_row`.
+template <class V, bool kStreaming, class StatRow, class OutRow, typename T>
+void NormalizeRow(const RowBatch<T>& batch, const StatRow& stat_row, T* h_out, const OutRow& out_row, T* y,
+                  const NextRow<T>& next) {
   const int64_t n = batch.cols;
-  if (n == 0) return;
+  const double sum_squares = SumSquares<V, kStreaming>(stat_row, n, h_out);
+  if (FastPathIsAccurate(sum_squares, batch.epsilon)) {
+    const double factor = InverseRms(sum_squares, n, batch.epsilon, batch.eps_outside_sqrt);
+    ScaleRow<V, kStreaming>(out_row, y, n, static_cast<float>(factor), batch.scale, next);
+  } else {
+    NormalizeRowInDouble(out_row, y, n, batch.scale, batch.epsilon, batch.eps_outside_sqrt);
+  }
+}
+
+template <class V, bool kStreaming, typename T>
+void NormalizeRowsWith(const RowBatch<T>& batch, int64_t begin, int64_t end) {
+  const int64_t n = batch.cols;
+  // SkipRMSNorm normally recomputes h = round(x + skip) in the second pass from the cached inputs, which lets the
+  // `sum` output be written with streaming stores. When onnxruntime made `sum` reuse an input's buffer, the input is
+  // gone by then, so h is read back from `sum` instead.
+  const bool sum_aliases_input = batch.sum && (batch.sum == batch.x || batch.sum == batch.skip);
   for (int64_t r = begin; r < end; ++r) {
     const int64_t offset = r * n;
+    const bool more = r + 1 < end;
+    const NextRow<T> next{more ? batch.x + offset + n : nullptr, more && batch.skip ? batch.skip + offset + n : nullptr};
     T* y = batch.y + offset;
-    const T* src = batch.x + offset;
-    double sum_squares;
-    if (batch.skip) {
-      // Without a `sum` output, the rounded sum is staged in y and normalized in place from cache.
-      T* h = batch.sum ? batch.sum + offset : y;
-      sum_squares = AddStoreSumSquares<V>(src, batch.skip + offset, h, n);
-      src = h;
-    } else {
-      sum_squares = SumSquares<V>(src, n);
+    if (!batch.skip) {
+      const InputRow<V, T> row{batch.x + offset};
+      NormalizeRow<V, kStreaming>(batch, row, static_cast<T*>(nullptr), row, y, next);
+      continue;
     }
-    if (FastPathIsAccurate(sum_squares, batch.epsilon)) {
-      const double factor = InverseRms(sum_squares, n, batch.epsilon, batch.eps_outside_sqrt);
-      ScaleRow<V>(src, y, n, static_cast<float>(factor), batch.scale);
+    const SkipSumRow<V, T> sum_row{batch.x + offset, batch.skip + offset};
+    T* h_out = batch.sum ? batch.sum + offset : nullptr;
+    if (sum_aliases_input) {
+      NormalizeRow<V, false>(batch, sum_row, h_out, InputRow<V, T>{h_out}, y, next);
     } else {
-      NormalizeRowInDouble(src, y, n, batch.scale, batch.epsilon, batch.eps_outside_sqrt);
+      NormalizeRow<V, kStreaming>(batch, sum_row, h_out, sum_row, y, next);
     }
+  }
+  if constexpr (kStreaming) V::StreamingFence();  // make the weakly ordered stores visible before the task ends
+}
+
+template <class V, typename T>
+void NormalizeRows(const RowBatch<T>& batch, int64_t begin, int64_t end) {
+  if (batch.cols == 0) return;
+  if (batch.streaming_stores) {
+    NormalizeRowsWith<V, true>(batch, begin, end);
+  } else {
+    NormalizeRowsWith<V, false>(batch, begin, end);
   }
 }
 

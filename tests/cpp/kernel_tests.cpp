@@ -61,12 +61,29 @@ void Reference(const Case& c, const std::vector<T>& x, const std::vector<T>& ski
   }
 }
 
-// Runs `kernels` on one case and compares with the reference (and, when given, with another ISA's output).
+// n elements of T at a 64-byte aligned address, as onnxruntime allocates tensors (streaming stores need it).
+template <typename T>
+class AlignedBuffer {
+ public:
+  explicit AlignedBuffer(size_t n) : storage_(n * sizeof(T) + 64) {
+    const auto address = reinterpret_cast<uintptr_t>(storage_.data());
+    data_ = reinterpret_cast<T*>((address + 63) & ~uintptr_t{63});
+  }
+  T* data() { return data_; }
+  T& operator[](size_t i) { return data_[i]; }
+
+ private:
+  std::vector<unsigned char> storage_;
+  T* data_;
+};
+
+// Runs `kernels` on one case and compares with the reference (and, when given, with another ISA's output). Rows of
+// whole cache lines are run a second time with streaming stores, which must give the same bits.
 template <typename T>
 void RunCase(const CpuKernels& kernels, const Case& c, const std::vector<T>& x, const std::vector<T>& skip,
              const std::vector<float>& scale, std::vector<T>* y_out) {
   const size_t n = x.size();
-  std::vector<T> y(n), sum(n);
+  AlignedBuffer<T> y(n), sum(n);
   RowBatch<T> batch;
   batch.x = x.data();
   batch.skip = c.skip ? skip.data() : nullptr;
@@ -79,6 +96,19 @@ void RunCase(const CpuKernels& kernels, const Case& c, const std::vector<T>& x, 
   // Two calls over disjoint row ranges, as the thread pool would make them.
   kernels.get<T>()(batch, 0, c.rows / 2);
   kernels.get<T>()(batch, c.rows / 2, c.rows);
+
+  const std::string name = Describe(kernels.isa, TypeName<T>(), c);
+  if (c.cols * sizeof(T) % 64 == 0) {
+    AlignedBuffer<T> streamed_y(n), streamed_sum(n);
+    RowBatch<T> streamed = batch;
+    streamed.streaming_stores = true;
+    streamed.y = streamed_y.data();
+    streamed.sum = batch.sum ? streamed_sum.data() : nullptr;
+    kernels.get<T>()(streamed, 0, c.rows);
+    bool same = std::memcmp(streamed_y.data(), y.data(), n * sizeof(T)) == 0;
+    if (batch.sum) same = same && std::memcmp(streamed_sum.data(), sum.data(), n * sizeof(T)) == 0;
+    Expect(same, name + ": streaming stores change the result");
+  }
 
   std::vector<double> reference;
   std::vector<T> h;
@@ -100,7 +130,6 @@ void RunCase(const CpuKernels& kernels, const Case& c, const std::vector<T>& x, 
       ok = false;
     }
   }
-  const std::string name = Describe(kernels.isa, TypeName<T>(), c);
   if (!ok) {
     Expect(false, name + ": y[" + std::to_string(worst_index) + "]=" + std::to_string(ToFloat(y[worst_index])) +
                       " reference=" + std::to_string(reference[worst_index]));
@@ -112,7 +141,7 @@ void RunCase(const CpuKernels& kernels, const Case& c, const std::vector<T>& x, 
     for (size_t k = 0; k < n; ++k) sum_ok = sum_ok && SameBits(ToFloat(sum[k]), ToFloat(h[k]));
     Expect(sum_ok, name + ": sum output differs from round_T(x + skip)");
   }
-  *y_out = std::move(y);
+  y_out->assign(y.data(), y.data() + n);
 }
 
 template <typename T>

@@ -1,0 +1,130 @@
+"""Smoke tests of the benchmark harness (ort_rmsnorm.bench) in a tiny configuration. No timing is asserted: only
+that every contender runs (or is reported as unsupported with a reason), computes what it should, and that the
+table, JSON and plot come out."""
+
+import argparse
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+from ort_rmsnorm import bench
+from ort_rmsnorm.runtime import make_session, run
+from reference import rmsnorm
+
+TINY = dict(hidden_sizes=[48], rows=[1, 5], threads=[1, 2], repetitions=2, min_sample_s=0.0,
+            contenders=list(bench.CONTENDER_NAMES), decode_hidden=48, profile_runs=3, chain_length=3)
+
+
+@pytest.fixture(scope="module")
+def report():
+    plan = bench.Plan(dtypes=["float32", "bfloat16"], **TINY)
+    return bench.run_plan(plan, log=lambda line: None)
+
+
+def test_every_contender_runs_or_says_why(report):
+    for case in report["cases"]:
+        measured = {m["contender"] for m in case["measurements"]}
+        assert measured | set(case["unsupported"]) == set(bench.CONTENDER_NAMES), case
+        assert not measured & set(case["unsupported"])
+        # Ours and the copies run for every dtype; a contender that computed something wrong would be unsupported.
+        assert {"rmsnorm", "skip_rmsnorm", "copy_gather", "copy2_gather"} <= measured
+        assert all(why.startswith("onnxruntime cannot run it: ") for why in case["unsupported"].values())
+        for m in case["measurements"]:
+            assert m["seconds"] > 0 and m["samples"] == TINY["repetitions"]
+            assert m["vs_roofline"] is not None
+
+
+def test_onnxruntime_gaps_are_detected_not_assumed(report):
+    float32 = [c for c in report["cases"] if c["dtype"] == "float32"]
+    # onnxruntime has every float32 kernel (RMSNormalization only since opset 23 support: older versions lack it).
+    assert all(set(c["unsupported"]) <= {"onnx_rmsnorm23"} for c in float32)
+    bfloat16 = [c for c in report["cases"] if c["dtype"] == "bfloat16"]
+    assert all("decomposed" in c["unsupported"] for c in bfloat16)  # no bfloat16 Mul in onnxruntime's CPU EP
+
+
+def test_ratios_refer_to_the_right_contenders(report):
+    case = bench._case_from_dict(report["cases"][-1])
+    ours, theirs = case.get("rmsnorm"), case.get("ort_simplified")
+    assert ours.speedup_vs_ort == pytest.approx(theirs.seconds / ours.seconds)
+    copies = [m.seconds for m in case.measurements if m.family == "copy"]
+    assert ours.vs_roofline == pytest.approx(ours.seconds / min(copies))
+    shape = bench.Shape(case.dtype, case.rows, case.hidden)
+    assert ours.bytes == 2 * shape.tensor_bytes + case.hidden * shape.itemsize
+    assert case.get("skip_rmsnorm").bytes == 4 * shape.tensor_bytes + case.hidden * shape.itemsize
+
+
+def test_decode_costs_cover_ours_with_and_without_profiler(report):
+    costs = {(c["dtype"], c["contender"]): c for c in report["decode"]}
+    for dtype in ("float32", "bfloat16"):
+        for name in ("rmsnorm", "skip_rmsnorm"):
+            cost = costs[dtype, name]
+            assert cost["nodes"] == [{"rmsnorm": "RMSNorm", "skip_rmsnorm": "SkipRMSNorm"}[name]]
+            assert cost["profiled_us_mean"] >= 0 and cost["in_graph_us"] is not None
+            assert cost["thread_pool_used"] is False  # one row runs inline
+
+
+def test_outputs_are_written(report, tmp_path):
+    tables = bench.markdown_tables(report)
+    assert "| 5x48 |" in tables and "Decode (1 x H)" in tables
+    pytest.importorskip("matplotlib")
+    plot = tmp_path / "plot.png"
+    bench.write_plot(report, plot)
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_command_line_writes_json_table_and_plot(tmp_path):
+    parser = argparse.ArgumentParser()
+    bench.add_bench_arguments(parser)
+    out = tmp_path / "results"
+    args = parser.parse_args(["--dtypes", "float16", "--hidden", "32", "--rows", "3", "--threads", "1",
+                              "--repetitions", "1", "--min-sample-ms", "0", "--contenders", "copy_cast,rmsnorm",
+                              "--no-decode", "--out", str(out), "--plot", "none"])
+    assert bench.run_bench(args) == 0
+    report = json.loads((out / "cpu.json").read_text())
+    assert [m["contender"] for m in report["cases"][0]["measurements"]] == ["copy_cast", "rmsnorm"]
+    assert (out / "cpu.md").is_file() and not (out / "cpu.png").exists()
+
+
+def test_unknown_contender_is_named():
+    plan = bench.Plan(dtypes=["float32"], **{**TINY, "contenders": ["rmsnorm", "layernorm"]})
+    with pytest.raises(ValueError, match="layernorm"):
+        bench.run_plan(plan)
+
+
+def test_chained_model_feeds_each_stage_the_previous_outputs():
+    shape = bench.Shape("float32", 2, 16)
+    model = bench.chained(bench.ours_skip_rmsnorm(shape), 3)
+    onnx.checker.check_model(model)
+    assert len(model.graph.node) == 3 and len({n.name for n in model.graph.node}) == 3
+    rng = np.random.default_rng(7)
+    x, skip = rng.standard_normal((2, 2, 16), dtype=np.float32)
+    y, total = run(make_session(model), {"x": x, "skip": skip})
+    scale = bench._scale_values(16)
+    for _ in range(3):  # stage i+1: x = y_i, skip = sum_i
+        expected_y, expected_sum = rmsnorm(x, scale, epsilon=bench.EPSILON, skip=skip)
+        x, skip = expected_y.astype(np.float32), expected_sum
+    np.testing.assert_allclose(total, skip, rtol=1e-6)
+    np.testing.assert_allclose(y, x, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.torch
+def test_end_to_end_reports_speed_and_norm_share():
+    pytest.importorskip("torch")
+    from ort_rmsnorm import bench_e2e
+    from ort_rmsnorm.demo import LlamaConfig
+
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2)
+    report = bench_e2e.run_e2e(config, dtypes=("float32",), prefill_tokens=6, prefill_runs=1, decode_runs=1,
+                               profile_runs=1, log=lambda line: None)
+    assert report["check"]["float32"].endswith(": ok")
+    fusion = report["fusion"]["float32"]
+    assert sum(fusion["fused"].values()) == 3 and fusion["skipped"] == 0  # two norms per layer and the final one
+    phases = {p["phase"]: p for p in report["phases"]}
+    assert set(phases) == {"prefill", "decode"} and phases["prefill"]["tokens"] == 6
+    for phase in phases.values():
+        assert phase["original_ms"] > 0 and phase["fused_ms"] > 0
+        # The original's norms are found through the exporter's module names, the fused ones by op type.
+        assert 0 < phase["original_norm_share"] < 1 and 0 < phase["fused_norm_share"] < 1
+    assert "| float32 | decode (1 token) |" in bench_e2e.markdown(report)
