@@ -82,7 +82,7 @@ void StoreVector(T* p, typename V::F v) {
 
 // Sum of squares of a row; its values are also stored to `h_out` when not null (SkipRMSNorm's `sum` output).
 template <class V, bool kStreaming, class Row>
-double SumSquares(const Row& row, int64_t n, typename Row::Elem* h_out) {
+double SumSquares(const Row row, int64_t n, typename Row::Elem* h_out) {
   using F = typename V::F;
   constexpr int64_t W = V::kWidth;
   double total = 0.0;
@@ -119,47 +119,55 @@ double SumSquares(const Row& row, int64_t n, typename Row::Elem* h_out) {
 }
 
 // The next row's inputs, prefetched into L2 while the current row is finished from cache, so that its first pass
-// finds them there instead of waiting on memory.
+// finds them there instead of waiting on memory. Both pointers are always valid (the last row of a task points at
+// itself, RMSNorm at X twice), which keeps the loop free of branches.
 template <typename T>
 struct NextRow {
-  const T* a = nullptr;
-  const T* b = nullptr;
+  const T* a;
+  const T* b;
   void Prefetch(int64_t i) const {
-    if (a) __builtin_prefetch(a + i, 0, 2);
-    if (b) __builtin_prefetch(b + i, 0, 2);
+    __builtin_prefetch(a + i, 0, 2);
+    __builtin_prefetch(b + i, 0, 2);
   }
 };
 
 // y = round_T(row * factor * scale).
 template <class V, bool kStreaming, class Row, typename T>
-void ScaleRow(const Row& row, T* y, int64_t n, float factor, const float* scale, const NextRow<T>& next) {
+void ScaleRow(const Row row, T* y, int64_t n, float factor, const float* scale, const NextRow<T> next) {
   using F = typename V::F;
   constexpr int64_t W = V::kWidth;
-  constexpr int64_t kLine = 64 / sizeof(T);  // elements per cache line: one prefetch each
+  // One cache line of T per iteration (at least one vector), with one prefetch.
+  constexpr int64_t kVectors = 64 / (W * sizeof(T)) > 1 ? 64 / (W * sizeof(T)) : 1;
   const F f = V::Set1(factor);
   int64_t i = 0;
   if (scale) {
-    for (; i + W <= n; i += W) {
-      if (i % kLine < W) next.Prefetch(i);
-      StoreVector<V, kStreaming>(y + i, V::Mul(V::Mul(row.Load(i), f), V::Load(scale + i)));
+    for (; i + kVectors * W <= n; i += kVectors * W) {
+      next.Prefetch(i);
+#pragma GCC unroll 4
+      for (int64_t k = i; k < i + kVectors * W; k += W) {
+        StoreVector<V, kStreaming>(y + k, V::Mul(V::Mul(row.Load(k), f), V::Load(scale + k)));
+      }
     }
-    if (i < n) {
-      const F v = V::Mul(V::Mul(row.LoadPartial(i, n - i), f), LoadPartial<V>(scale + i, n - i));
-      StorePartial<V>(y + i, v, n - i);
-    }
+    for (; i + W <= n; i += W) StoreVector<V, kStreaming>(y + i, V::Mul(V::Mul(row.Load(i), f), V::Load(scale + i)));
   } else {
-    for (; i + W <= n; i += W) {
-      if (i % kLine < W) next.Prefetch(i);
-      StoreVector<V, kStreaming>(y + i, V::Mul(row.Load(i), f));
+    for (; i + kVectors * W <= n; i += kVectors * W) {
+      next.Prefetch(i);
+#pragma GCC unroll 4
+      for (int64_t k = i; k < i + kVectors * W; k += W) StoreVector<V, kStreaming>(y + k, V::Mul(row.Load(k), f));
     }
-    if (i < n) StorePartial<V>(y + i, V::Mul(row.LoadPartial(i, n - i), f), n - i);
+    for (; i + W <= n; i += W) StoreVector<V, kStreaming>(y + i, V::Mul(row.Load(i), f));
+  }
+  if (i < n) {
+    F v = V::Mul(row.LoadPartial(i, n - i), f);
+    if (scale) v = V::Mul(v, LoadPartial<V>(scale + i, n - i));
+    StorePartial<V>(y + i, v, n - i);
   }
 }
 
 // The whole row in double: for rows whose float32 statistic is not trustworthy (see row_statistics.h).
 // Results are rounded double -> float -> T.
 template <class Row, typename T>
-void NormalizeRowInDouble(const Row& row, T* y, int64_t n, const float* scale, float epsilon, bool eps_outside_sqrt) {
+void NormalizeRowInDouble(const Row row, T* y, int64_t n, const float* scale, float epsilon, bool eps_outside_sqrt) {
   double sum_squares = 0.0;
   for (int64_t i = 0; i < n; ++i) {
     const double v = row.Value(i);
@@ -174,8 +182,8 @@ void NormalizeRowInDouble(const Row& row, T* y, int64_t n, const float* scale, f
 
 // One row: statistic from `stat_row` (storing it to h_out when given), output from `out_row`.
 template <class V, bool kStreaming, class StatRow, class OutRow, typename T>
-void NormalizeRow(const RowBatch<T>& batch, const StatRow& stat_row, T* h_out, const OutRow& out_row, T* y,
-                  const NextRow<T>& next) {
+void NormalizeRow(const RowBatch<T>& batch, const StatRow stat_row, T* h_out, const OutRow out_row, T* y,
+                  const NextRow<T> next) {
   const int64_t n = batch.cols;
   const double sum_squares = SumSquares<V, kStreaming>(stat_row, n, h_out);
   if (FastPathIsAccurate(sum_squares, batch.epsilon)) {
@@ -195,8 +203,9 @@ void NormalizeRowsWith(const RowBatch<T>& batch, int64_t begin, int64_t end) {
   const bool sum_aliases_input = batch.sum && (batch.sum == batch.x || batch.sum == batch.skip);
   for (int64_t r = begin; r < end; ++r) {
     const int64_t offset = r * n;
-    const bool more = r + 1 < end;
-    const NextRow<T> next{more ? batch.x + offset + n : nullptr, more && batch.skip ? batch.skip + offset + n : nullptr};
+    const int64_t next_offset = r + 1 < end ? offset + n : offset;
+    const T* next_x = batch.x + next_offset;
+    const NextRow<T> next{next_x, batch.skip ? batch.skip + next_offset : next_x};
     T* y = batch.y + offset;
     if (!batch.skip) {
       const InputRow<V, T> row{batch.x + offset};
