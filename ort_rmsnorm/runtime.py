@@ -54,7 +54,9 @@ def to_numpy(value: ort.OrtValue) -> np.ndarray:
         size = value.tensor_size_in_bytes()
         raw = (ctypes.c_uint8 * size).from_address(value.data_ptr()) if size else b""
         return np.frombuffer(raw, np.uint16).copy().reshape(value.shape()).view(BFLOAT16)
-    return value.numpy()
+    # A copy: when a graph output is a graph input, onnxruntime returns the input's OrtValue, whose numpy view would
+    # share (and outlive) the caller's feed array.
+    return np.array(value.numpy(), copy=True)
 
 
 def run(

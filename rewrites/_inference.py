@@ -95,7 +95,7 @@ def _small_external_initializers(model: ir.Model) -> dict[ir.Value, ir.TensorPro
     }
 
 
-def _call_sites(model: ir.Model, function: ir.Function) -> list[tuple[ir.Graph | ir.Function, ir.Node]]:
+def call_sites(model: ir.Model, function: ir.Function) -> list[tuple[ir.Graph | ir.Function, ir.Node]]:
     """Nodes calling ``function``, each with the main graph or function it lies in (possibly inside a subgraph)."""
     identifier = function.identifier()
     return [
@@ -139,13 +139,13 @@ def _infer_functions(model: ir.Model, table: TypeTable) -> TypeTable:
     pending = list(model.functions.values())
     while pending:
         ready = [
-            function for function in pending if not any(owner in pending for owner, _ in _call_sites(model, function))
+            function for function in pending if not any(owner in pending for owner, _ in call_sites(model, function))
         ] or pending[
             :1
         ]  # recursion cannot be inferred: take one as it is
         for function in ready:
             pending.remove(function)
-            calls = [node for _, node in _call_sites(model, function)]
+            calls = [node for _, node in call_sites(model, function)]
             inputs = _merged_input_types(calls, table, len(function.inputs)) if calls else None
             if inputs is not None:
                 table.learn(_infer_function_body(model, function, inputs))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import onnx
 import onnx_ir as ir
+import onnx_ir.passes.common as common_passes
 from onnxscript.rewriter import pattern
 
 from ._facts import TypeTable
@@ -82,8 +83,15 @@ def upgrade_default_opset(model: ir.Model, version: int) -> None:
     """Converts ``model`` (in place) to default-opset ``version`` with onnx's version converter.
 
     The converter works on a ModelProto; the main graph's initializers are detached while it runs (passed as typed
-    graph inputs) and re-attached afterwards, so external or large weights are never loaded or copied.
+    graph inputs) and re-attached afterwards, so external or large weights are never loaded or copied. It drops
+    model-local functions (onnx 1.23), so a model that has any is refused.
     """
+    if model.functions:
+        names = ", ".join(f"{function.domain}::{function.name}" for function in model.functions.values())
+        raise ValueError(
+            f"onnx's version converter cannot convert a model with model-local functions ({names}): it drops them; "
+            f"convert the model to opset {version} yourself first"
+        )
     graph = model.graph
     weights = dict(graph.initializers)
     also_inputs = {name for name, value in weights.items() if value.is_graph_input()}
@@ -106,6 +114,9 @@ def upgrade_default_opset(model: ir.Model, version: int) -> None:
             if name not in also_inputs:
                 graph.inputs.remove(value)
             graph.register_initializer(value)
+    # The converter names the values it adds (_v_N) per graph, so that a subgraph may repeat a name of its parent,
+    # which breaks single assignment (onnx 1.23): make the names unique again (graph inputs and outputs keep theirs).
+    common_passes.NameFixPass()(converted)
     placeholders = {value.name: value for value in converted.graph.inputs}
     for name, value in weights.items():
         placeholder = placeholders[name]
@@ -114,7 +125,5 @@ def upgrade_default_opset(model: ir.Model, version: int) -> None:
         placeholder.const_value = value.const_value
         converted.graph.register_initializer(placeholder)
     model.graph = converted.graph
-    model.functions.clear()
-    model.functions.update(converted.functions)
     minimum = onnx.helper.find_min_ir_version_for([onnx.helper.make_opsetid("", version)])
     model.ir_version = max(model.ir_version or 0, minimum)

@@ -10,7 +10,7 @@ import numpy as np
 import onnx_ir as ir
 
 from ._facts import NotFusable, TypeTable, dtype_name, float_attribute, int_attribute, label
-from ._inference import Annotations, graph_likes, values_of
+from ._inference import Annotations, call_sites, graph_likes, values_of
 from ._report import Fusion, FusionReport, Skipped
 from ._targets import NormSpec, Target, get_target
 
@@ -143,6 +143,7 @@ class FusionSession:
             fused.removed = _remove_dead(fused.matched)
         annotations.restore_names()
         annotations.restore_types()  # the rewriter annotates Constant outputs
+        _type_function_calls(model, [fused.node for fused in self.fused], self.types)
         new_values = {id(value) for fused in self.fused for value in _new_values(fused, annotations)}
         taken = {
             value.name
@@ -222,6 +223,24 @@ def _remove_dead(seeds: list[ir.Node]) -> list[ir.Node]:
     return removed
 
 
+def _type_function_calls(model: ir.Model, emitted: list[ir.Node], types: TypeTable) -> None:
+    """ONNX and onnxruntime infer the outputs of a call to a model-local function from the function's body, and an
+    operator without an ONNX schema there (ours, or SimplifiedLayerNormalization for onnx.checker) leaves them
+    untyped, so that ops reading them fail type inference. The outputs of calls to a function that now holds a fused
+    node keep the types and shapes inferred before (written as value_info)."""
+    in_graph = {id(node.graph) for node in emitted}
+    for function in model.functions.values():
+        if not in_graph & {id(function.graph), *(id(subgraph) for subgraph in function.subgraphs())}:
+            continue
+        for _, call in call_sites(model, function):
+            for value in call.outputs:
+                dtype, shape = types.dtype(value), types.shape(value)
+                if dtype is not None:
+                    value.dtype = dtype
+                if shape is not None:
+                    value.shape = shape
+
+
 def _restore_topological_order(skip_nodes: list[ir.Node]) -> None:
     """A skip op takes the place of the norm, but the residual Add's other readers (now reading its ``sum``) may come
     before the norm: those graphs get onnx_ir's stable topological sort (which keeps every other order). A reader
@@ -239,13 +258,20 @@ def _restore_topological_order(skip_nodes: list[ir.Node]) -> None:
             graph.sort()
 
 
+def _new_constants(node: ir.Node, annotations: Annotations) -> list[ir.Node]:
+    """The Constant nodes the pass made for ``node`` (a folded, converted or ones scale, an expanded gamma). An input
+    produced by another fused node (a norm right after a norm) is a value of the model, not one of these."""
+    producers = [value.producer() for value in node.inputs if value is not None]
+    return [
+        producer
+        for producer in producers
+        if producer is not None and producer.op_type == "Constant" and not annotations.existed(producer)
+    ]
+
+
 def _new_values(fused: FusedNode, annotations: Annotations) -> list[ir.Value]:
     """Outputs of the emitted node and of the constants the pass made for it."""
-    created = [
-        value.producer()
-        for value in fused.node.inputs
-        if value is not None and value.producer() is not None and not annotations.existed(value.producer())
-    ]
+    created = _new_constants(fused.node, annotations)
     return [*fused.node.outputs, *(value for node in created for value in node.outputs)]
 
 
@@ -265,11 +291,9 @@ def _finish_outputs(fused: FusedNode, taken: set[str], annotations: Annotations,
     for value, flag in zip(node.outputs, read):
         if not flag:
             value.name = ""
-    for value in node.inputs:
-        producer = value.producer() if value is not None else None
-        if producer is not None and not annotations.existed(producer):
-            node_names.give(producer, f"{node.name}/scale")
-            value.name = _unique(f"{node.name}/scale", taken)
+    for producer in _new_constants(node, annotations):
+        node_names.give(producer, f"{node.name}/scale")
+        producer.outputs[0].name = _unique(f"{node.name}/scale", taken)
 
 
 def _unique(name: str, taken: set[str]) -> str:

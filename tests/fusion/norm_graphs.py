@@ -285,11 +285,13 @@ def check_model(model: onnx.ModelProto, ort_default_ops: bool = False) -> None:
 def _with_private_domain(model: onnx.ModelProto, op_types: set[str]) -> onnx.ModelProto:
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
-    graphs = [copy.graph] + [function for function in copy.functions]
-    for graph in graphs:
+    pending = [copy.graph] + [function for function in copy.functions]
+    while pending:  # the main graph, functions, and the If/Loop/Scan bodies in them
+        graph = pending.pop()
         for node in graph.node:
             if node.op_type in op_types and node.domain == "":
                 node.domain = "ort.default"
+            pending += [attr.g for attr in node.attribute if attr.type == onnx.AttributeProto.GRAPH]
     copy.opset_import.append(helper.make_opsetid("ort.default", 1))
     for function in copy.functions:
         function.opset_import.append(helper.make_opsetid("ort.default", 1))
