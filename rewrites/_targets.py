@@ -127,6 +127,17 @@ class _StandardLikeTarget(Target):
             raise NotFusable(f"epsilon is added outside the sqrt: {self.norm_op} adds it inside")
         return dataclasses.replace(spec, scale=self._scale_of_x_type(spec, types))
 
+    def emit(self, op, spec, name):
+        # RMSNormalization and SimplifiedLayerNormalization share inputs and attributes (default domain both).
+        return getattr(op, self.norm_op)(
+            spec.x,
+            scale_input(op, spec.scale, name),
+            _name=name,
+            axis=spec.axis,
+            epsilon=spec.epsilon,
+            stash_type=STASH_FLOAT32,
+        )
+
     def _scale_of_x_type(self, spec: NormSpec, types: TypeTable) -> Scale:
         x_dtype = spec.x_dtype
         if spec.scale is None:
@@ -169,30 +180,10 @@ class OnnxTarget(_StandardLikeTarget):
             raise NotFusable("bfloat16 input: onnxruntime has no RMSNormalization kernel for bfloat16 on CPU")
         return super().adapt(spec, graph_like, model, types)
 
-    def emit(self, op, spec, name):
-        return op.RMSNormalization(
-            spec.x,
-            scale_input(op, spec.scale, name),
-            _name=name,
-            axis=spec.axis,
-            epsilon=spec.epsilon,
-            stash_type=STASH_FLOAT32,
-        )
-
 
 class OrtTarget(_StandardLikeTarget):
     name = "ort"
     norm_op = "SimplifiedLayerNormalization"
-
-    def emit(self, op, spec, name):
-        return op.SimplifiedLayerNormalization(
-            spec.x,
-            scale_input(op, spec.scale, name),
-            _name=name,
-            axis=spec.axis,
-            epsilon=spec.epsilon,
-            stash_type=STASH_FLOAT32,
-        )
 
 
 TARGETS: dict[str, Target] = {target.name: target for target in (CustomTarget(), OnnxTarget(), OrtTarget())}
