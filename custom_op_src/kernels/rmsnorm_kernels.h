@@ -42,15 +42,23 @@ struct RowBatch {
 template <typename T>
 using RowsFn = void (*)(const RowBatch<T>& batch, int64_t begin, int64_t end);
 
+// Widens n 16-bit values to float32 (exact): for scales that arrive per call in float16/bfloat16.
+template <typename T>
+using WidenFn = void (*)(const T* src, float* dst, int64_t n);
+
 // The kernels of one instruction set.
 struct CpuKernels {
   const char* isa;  // "scalar", "avx2", "avx512", "avx512bf16", "neon"
   RowsFn<float> f32;
   RowsFn<Float16> f16;
   RowsFn<BFloat16> bf16;
+  WidenFn<Float16> widen_f16;
+  WidenFn<BFloat16> widen_bf16;
 
   template <typename T>
   RowsFn<T> get() const;
+  template <typename T>
+  WidenFn<T> widen() const;
 };
 
 template <>
@@ -59,6 +67,10 @@ template <>
 inline RowsFn<Float16> CpuKernels::get<Float16>() const { return f16; }
 template <>
 inline RowsFn<BFloat16> CpuKernels::get<BFloat16>() const { return bf16; }
+template <>
+inline WidenFn<Float16> CpuKernels::widen<Float16>() const { return widen_f16; }
+template <>
+inline WidenFn<BFloat16> CpuKernels::widen<BFloat16>() const { return widen_bf16; }
 
 enum class CpuIsa { kScalar, kNeon, kAvx2, kAvx512, kAvx512Bf16 };
 constexpr CpuIsa kAllCpuIsas[] = {CpuIsa::kScalar, CpuIsa::kNeon, CpuIsa::kAvx2, CpuIsa::kAvx512,

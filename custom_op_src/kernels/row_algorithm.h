@@ -233,10 +233,23 @@ void NormalizeRows(const RowBatch<T>& batch, int64_t begin, int64_t end) {
   }
 }
 
+template <class V, typename T>
+void Widen(const T* src, float* dst, int64_t n) {
+  constexpr int64_t W = V::kWidth;
+  int64_t i = 0;
+  for (; i + W <= n; i += W) V::Store(dst + i, V::Load(src + i));
+  if (i < n) StorePartial<V>(dst + i, LoadPartial<V>(src + i, n - i), n - i);
+}
+
 // The kernel table of one instruction set.
 template <class V>
 constexpr CpuKernels MakeCpuKernels(const char* isa) {
-  return CpuKernels{isa, &NormalizeRows<V, float>, &NormalizeRows<V, Float16>, &NormalizeRows<V, BFloat16>};
+  return CpuKernels{isa,
+                    &NormalizeRows<V, float>,
+                    &NormalizeRows<V, Float16>,
+                    &NormalizeRows<V, BFloat16>,
+                    &Widen<V, Float16>,
+                    &Widen<V, BFloat16>};
 }
 
 }  // namespace

@@ -104,7 +104,7 @@ class CpuNormKernel {
     } else {
       const size_t count = scale.GetTensorTypeAndShapeInfo().GetElementCount();
       float* converted = ThreadBuffer(0, count);
-      for (size_t i = 0; i < count; ++i) converted[i] = ToFloat(data[i]);
+      g_cpu_kernels->widen<S>()(data, converted, static_cast<int64_t>(count));
       return LayOutScale(converted, scale_shape, x_shape, geometry, 1);
     }
   }

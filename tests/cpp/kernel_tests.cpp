@@ -270,6 +270,20 @@ void RunInPlace(const std::vector<const CpuKernels*>& isas) {
   }
 }
 
+// Each ISA's widening of 16-bit scales: every bit pattern, at odd offsets and lengths (vector body and tail).
+template <typename T>
+void TestWiden(const std::vector<const CpuKernels*>& isas) {
+  std::vector<T> all(0x10000);
+  for (uint32_t bits = 0; bits <= 0xFFFF; ++bits) all[bits].bits = static_cast<uint16_t>(bits);
+  for (const CpuKernels* kernels : isas) {
+    std::vector<float> out(all.size());
+    kernels->widen<T>()(all.data() + 1, out.data(), static_cast<int64_t>(all.size()) - 4);
+    bool ok = true;
+    for (size_t i = 0; i + 4 < all.size(); ++i) ok = ok && SameBits(out[i], ToFloat(all[i + 1]));
+    Expect(ok, std::string(kernels->isa) + " " + TypeName<T>() + ": widen differs from the scalar conversion");
+  }
+}
+
 void TestConversions() {
   // Every float16 and bfloat16 bit pattern survives float32 and back; float32 -> 16-bit rounds to nearest-even.
   bool ok = true;
@@ -330,6 +344,8 @@ int main(int argc, char** argv) {
   const std::vector<const CpuKernels*> isas = AvailableIsas();
 
   TestConversions();
+  TestWiden<Float16>(isas);
+  TestWiden<BFloat16>(isas);
   TestGeometry();
   RunMatrix<float>(isas, quick);
   RunMatrix<Float16>(isas, quick);
