@@ -30,6 +30,14 @@ struct Avx512Lanes {
   static F Mul(F a, F b) { return _mm512_mul_ps(a, b); }
   static F Fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   static float ReduceAdd(F v) { return _mm512_reduce_add_ps(v); }
+#ifdef ORT_RMSNORM_AVX512_BF16
+  // Products of bfloat16 values are exact in float32; vdpbf16ps treats subnormal inputs and results as zero, which
+  // only touches sums far below the fast path's threshold (those rows are redone in double).
+  static F DotSquares(const BFloat16* p, F acc) {
+    const __m512bh v = (__m512bh)_mm512_loadu_si512(p);
+    return _mm512_dpbf16_ps(acc, v, v);
+  }
+#endif
 
   static F Load(const float* p) { return _mm512_loadu_ps(p); }
   static F Load(const Float16* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 
 #include "rmsnorm_kernels.h"
 #include "row_statistics.h"
@@ -80,6 +81,14 @@ void StoreVector(T* p, typename V::F v) {
   }
 }
 
+// Whether V has `F DotSquares(const BFloat16* p, F acc)`: acc + the squares of 2 * kWidth bfloat16 values straight
+// from memory, two per lane (AVX512-BF16's vdpbf16ps: exact products, no widening). Used for plain bfloat16 rows.
+template <class V, class Row, class = void>
+struct HasDotSquares : std::false_type {};
+template <class V, class Row>
+struct HasDotSquares<V, Row, std::void_t<decltype(V::DotSquares(std::declval<const BFloat16*>(), V::Zero()))>>
+    : std::is_same<Row, InputRow<V, BFloat16>> {};
+
 // Sum of squares of a row; its values are also stored to `h_out` when not null (SkipRMSNorm's `sum` output).
 template <class V, bool kStreaming, class Row>
 double SumSquares(const Row row, int64_t n, typename Row::Elem* h_out) {
@@ -90,6 +99,14 @@ double SumSquares(const Row row, int64_t n, typename Row::Elem* h_out) {
     const int64_t end = block + kSumBlock < n ? block + kSumBlock : n;
     F a0 = V::Zero(), a1 = V::Zero(), a2 = V::Zero(), a3 = V::Zero();
     int64_t i = block;
+    if constexpr (HasDotSquares<V, Row>::value) {
+      for (; i + 8 * W <= end; i += 8 * W) {
+        a0 = V::DotSquares(row.x + i, a0);
+        a1 = V::DotSquares(row.x + i + 2 * W, a1);
+        a2 = V::DotSquares(row.x + i + 4 * W, a2);
+        a3 = V::DotSquares(row.x + i + 6 * W, a3);
+      }
+    }
     for (; i + 4 * W <= end; i += 4 * W) {
       const F v0 = row.Load(i), v1 = row.Load(i + W), v2 = row.Load(i + 2 * W), v3 = row.Load(i + 3 * W);
       if (h_out) {
