@@ -1,7 +1,19 @@
+import os
 import zlib
 
 import numpy as np
 import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _neutral_working_directory(tmp_path_factory):
+    """Run every test from an empty directory. Subprocesses started with `python -c` or `python -m` put their working
+    directory first on sys.path; from the checkout, `import ort_rmsnorm` would then find the source tree (which has
+    no compiled library) instead of the installed package under test."""
+    previous = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("cwd"))
+    yield
+    os.chdir(previous)
 
 
 @pytest.fixture
