@@ -40,7 +40,7 @@ target_link_libraries(ort_rmsnorm_cuda PUBLIC CUDA::cudart_static ort_rmsnorm_ke
 if(ORT_RMSNORM_BUILD_TESTS)
   set(CUDA_TEST_DIR ${PROJECT_SOURCE_DIR}/tests/cuda)
   add_executable(ort_rmsnorm_gpu_check ${CUDA_TEST_DIR}/gpu_check.cu)
-  target_include_directories(ort_rmsnorm_gpu_check PRIVATE ${KERNEL_DIR})
+  target_include_directories(ort_rmsnorm_gpu_check PRIVATE ${KERNEL_DIR} ${PROJECT_SOURCE_DIR}/tests/cpp)
   # The emulation reads host buffers through the kernels' word types, as the GPU does.
   target_compile_options(ort_rmsnorm_gpu_check PRIVATE ${ORT_RMSNORM_CUDA_WARNINGS}
     $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-fno-strict-aliasing>)

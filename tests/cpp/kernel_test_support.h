@@ -1,5 +1,5 @@
-// Shared by the C++ kernel test programs (no onnxruntime): check counting, facts about the element types, and the
-// tolerance of the kernels versus a float64 reference, which is the op's contract (README, "Numerics").
+// Shared by the C++ kernel test programs (no onnxruntime): check counting, the ISAs to test, and comparison with
+// a float64 reference under the contract's tolerance (contract_tolerance.h).
 #pragma once
 
 #include <cmath>
@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "contract_tolerance.h"
 #include "rmsnorm_kernels.h"
 #include "scalar_convert.h"
 
@@ -42,42 +43,6 @@ std::vector<const CpuKernels*> AvailableIsas() {
   for (const CpuKernels* kernels : isas) std::printf(" %s", kernels->isa);
   std::printf(" (dispatch picks %s)\n", SelectCpuKernels(nullptr, &error)->isa);
   return isas;
-}
-
-template <typename T>
-const char* TypeName();
-template <>
-const char* TypeName<float>() { return "float32"; }
-template <>
-const char* TypeName<Float16>() { return "float16"; }
-template <>
-const char* TypeName<BFloat16>() { return "bfloat16"; }
-
-// Unit roundoff of T (half an ulp at 1).
-template <typename T>
-double UnitRoundoff();
-template <>
-double UnitRoundoff<float>() { return std::ldexp(1.0, -24); }
-template <>
-double UnitRoundoff<Float16>() { return std::ldexp(1.0, -11); }
-template <>
-double UnitRoundoff<BFloat16>() { return std::ldexp(1.0, -8); }
-
-// Smallest positive subnormal of T: the absolute error floor of rounding to T.
-template <typename T>
-double SmallestSubnormal();
-template <>
-double SmallestSubnormal<float>() { return std::ldexp(1.0, -149); }
-template <>
-double SmallestSubnormal<Float16>() { return std::ldexp(1.0, -24); }
-template <>
-double SmallestSubnormal<BFloat16>() { return std::ldexp(1.0, -133); }
-
-// Relative tolerance against the float64 reference: one rounding to T, plus float32 arithmetic (factor, two
-// products) and float32 partial sums of at most 32 terms (see row_algorithm.h), in units of float32 roundoff.
-template <typename T>
-double RelativeTolerance() {
-  return UnitRoundoff<T>() + 40.0 * std::ldexp(1.0, -24);
 }
 
 // `got` matches the float64 reference `want`: NaN exactly where the reference is NaN, equal infinities, otherwise

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "rmsnorm_kernels.cuh"
+#include "contract_tolerance.h"
 #include "scalar_convert.h"  // the CPU kernels' conversions: the reference does not use CUDA's
 
 // A named namespace: nvcc's kernel stubs cannot tell this file's anonymous namespace from the one in
@@ -45,35 +46,21 @@ void CheckCudaOrDie(cudaError_t error, const char* what, int line) {
 
 // ---- element types ------------------------------------------------------------------------------------------
 
+// The element types as the launchers name them; names and tolerances come from contract_tolerance.h.
 template <typename T>
 struct TypeOf;
 template <>
 struct TypeOf<float> {
-  static constexpr const char* kName = "float32";
   static constexpr ElementType kType = ElementType::kFloat32;
-  static double UnitRoundoff() { return std::ldexp(1.0, -24); }
-  static double SmallestSubnormal() { return std::ldexp(1.0, -149); }
 };
 template <>
 struct TypeOf<Float16> {
-  static constexpr const char* kName = "float16";
   static constexpr ElementType kType = ElementType::kFloat16;
-  static double UnitRoundoff() { return std::ldexp(1.0, -11); }
-  static double SmallestSubnormal() { return std::ldexp(1.0, -24); }
 };
 template <>
 struct TypeOf<BFloat16> {
-  static constexpr const char* kName = "bfloat16";
   static constexpr ElementType kType = ElementType::kBFloat16;
-  static double UnitRoundoff() { return std::ldexp(1.0, -8); }
-  static double SmallestSubnormal() { return std::ldexp(1.0, -133); }
 };
-
-// The contract's tolerance against float64 (README "Numerics"): one rounding to T plus a few float32 roundings.
-template <typename T>
-double RelativeTolerance() {
-  return TypeOf<T>::UnitRoundoff() + 40.0 * std::ldexp(1.0, -24);
-}
 
 // ---- where the kernels run: the GPU, or the host emulation -------------------------------------------------------
 
@@ -293,7 +280,7 @@ std::string Describe(const Case& c, const cuda::LaunchPlan& plan) {
   std::snprintf(text, sizeof text,
                 "%s/%s rows=%lld cols=%lld skip=%d sum=%d scale=%s %s eps=%g outside=%d misaligned=%d in_place=%d "
                 "(plan: width %d, vecs %d, group %d, block %d, grid %lld)",
-                TypeOf<T>::kName, TypeOf<S>::kName, static_cast<long long>(c.rows), static_cast<long long>(c.cols),
+                TypeName<T>(), TypeName<S>(), static_cast<long long>(c.rows), static_cast<long long>(c.cols),
                 c.skip, c.sum_output, ScaleKindName(c.scale), broadcast.c_str(),
                 static_cast<double>(c.epsilon), c.eps_outside_sqrt, c.misaligned, c.in_place, plan.width, plan.vecs,
                 plan.group, plan.block, static_cast<long long>(plan.grid));
@@ -397,14 +384,14 @@ std::vector<T> RunCase(Executor& executor, Results& results, const Case& c, cons
     }
   }
   const cuda::LaunchPlan plan = executor.Launch(args);
-  results.variants.insert(VariantName(TypeOf<T>::kName, plan));
+  results.variants.insert(VariantName(TypeName<T>(), plan));
   std::vector<T> y(n), sum(args.sum ? n : 0);
   executor.Download(y.data(), args.y, bytes);
   if (args.sum) executor.Download(sum.data(), args.sum, bytes);
   executor.FreeAll();
 
   const std::vector<double> gains = ReferenceGains(c, scale);
-  const double rtol = RelativeTolerance<T>(), atol = TypeOf<T>::SmallestSubnormal();
+  const double rtol = RelativeTolerance<T>(), atol = SmallestSubnormal<T>();
   bool y_ok = true, sum_ok = true;
   size_t worst = 0;
   double worst_excess = 0.0;
@@ -584,7 +571,7 @@ void RunExtremes(Executor& executor, Results& results) {
       x[static_cast<size_t>(cols + 1)] = FromFloat<T>(special);
       const std::vector<T> y = RunCase<T, float>(executor, results, c, x, {}, {});
       results.Expect(ToFloat(y[0]) > 0.99f && ToFloat(y.back()) > 0.99f,
-                     std::string(TypeOf<T>::kName) + ": a special value leaked into other rows");
+                     std::string(TypeName<T>()) + ": a special value leaked into other rows");
     }
   }
   // All-zero rows: 0 with eps > 0, 0/0 = NaN with eps = 0.
