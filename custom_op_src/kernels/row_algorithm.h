@@ -19,6 +19,7 @@
 #include <cstring>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "rmsnorm_kernels.h"
 #include "row_statistics.h"
@@ -59,7 +60,7 @@ struct InputRow {  // the tensor itself (X, or SkipRMSNorm's stored sum)
 };
 
 template <class V, typename T>
-struct SkipSumRow {  // h = round_T(x + skip), recomputed in registers wherever it is needed
+struct SkipSumRow {  // h = round_T(x + skip), formed in registers by the first pass
   using Elem = T;
   const T* x;
   const T* skip;
@@ -68,7 +69,6 @@ struct SkipSumRow {  // h = round_T(x + skip), recomputed in registers wherever 
     return V::template Round<T>(
         V::Add(ort_rmsnorm::LoadPartial<V>(x + i, m), ort_rmsnorm::LoadPartial<V>(skip + i, m)));
   }
-  float Value(int64_t i) const { return ToFloat(FromFloat<T>(ToFloat(x[i]) + ToFloat(skip[i]))); }
 };
 
 // Full-vector stores: streaming (non-temporal) ones for large calls, see RowBatch::streaming_stores.
@@ -81,17 +81,39 @@ void StoreVector(T* p, typename V::F v) {
   }
 }
 
+// Where the first pass leaves SkipRMSNorm's h = round_T(x + skip): `stage`, cached memory the second pass reads h
+// back from (reading it is cheaper than forming it again: two loads, an add and a rounding, which for 16-bit
+// types cost more than the rest of the pass), and, with streaming stores, `streamed`, the `sum` output written
+// around the cache. Both null for RMSNorm; `streamed` null when there is no `sum` or no streaming.
+template <class V, bool kStreaming, typename T>
+struct HSink {
+  T* stage = nullptr;
+  T* streamed = nullptr;
+
+  explicit operator bool() const { return stage != nullptr; }
+  void Store(int64_t i, typename V::F v) const {
+    V::Store(stage + i, v);
+    if constexpr (kStreaming) {
+      if (streamed) V::StoreStreaming(streamed + i, v);
+    }
+  }
+  void StorePartial(int64_t i, typename V::F v, int64_t m) const {
+    ort_rmsnorm::StorePartial<V>(stage + i, v, m);
+    if (kStreaming && streamed) ort_rmsnorm::StorePartial<V>(streamed + i, v, m);
+  }
+};
+
 // Whether V has `F DotSquares(const BFloat16* p, F acc)`: acc + the squares of 2 * kWidth bfloat16 values straight
 // from memory, two per lane (AVX512-BF16's vdpbf16ps: exact products, no widening). Used for plain bfloat16 rows.
 template <class V, class Row, class = void>
 struct HasDotSquares : std::false_type {};
 template <class V, class Row>
-struct HasDotSquares<V, Row, std::void_t<decltype(V::DotSquares(std::declval<const BFloat16*>(), V::Zero()))>>
+struct HasDotSquares<V, Row, decltype(static_cast<void>(V::DotSquares(std::declval<const BFloat16*>(), V::Zero())))>
     : std::is_same<Row, InputRow<V, BFloat16>> {};
 
-// Sum of squares of a row; its values are also stored to `h_out` when not null (SkipRMSNorm's `sum` output).
+// Sum of squares of a row; its values are also stored to `h` when it is set (SkipRMSNorm).
 template <class V, bool kStreaming, class Row>
-double SumSquares(const Row row, int64_t n, typename Row::Elem* h_out) {
+double SumSquares(const Row row, int64_t n, const HSink<V, kStreaming, typename Row::Elem> h) {
   using F = typename V::F;
   constexpr int64_t W = V::kWidth;
   double total = 0.0;
@@ -109,11 +131,11 @@ double SumSquares(const Row row, int64_t n, typename Row::Elem* h_out) {
     }
     for (; i + 4 * W <= end; i += 4 * W) {
       const F v0 = row.Load(i), v1 = row.Load(i + W), v2 = row.Load(i + 2 * W), v3 = row.Load(i + 3 * W);
-      if (h_out) {
-        StoreVector<V, kStreaming>(h_out + i, v0);
-        StoreVector<V, kStreaming>(h_out + i + W, v1);
-        StoreVector<V, kStreaming>(h_out + i + 2 * W, v2);
-        StoreVector<V, kStreaming>(h_out + i + 3 * W, v3);
+      if (h) {
+        h.Store(i, v0);
+        h.Store(i + W, v1);
+        h.Store(i + 2 * W, v2);
+        h.Store(i + 3 * W, v3);
       }
       a0 = V::Fma(v0, v0, a0);
       a1 = V::Fma(v1, v1, a1);
@@ -122,12 +144,12 @@ double SumSquares(const Row row, int64_t n, typename Row::Elem* h_out) {
     }
     for (; i + W <= end; i += W) {
       const F v = row.Load(i);
-      if (h_out) StoreVector<V, kStreaming>(h_out + i, v);
+      if (h) h.Store(i, v);
       a0 = V::Fma(v, v, a0);
     }
     if (i < end) {
       const F v = row.LoadPartial(i, end - i);
-      if (h_out) StorePartial<V>(h_out + i, v, end - i);
+      if (h) h.StorePartial(i, v, end - i);
       a1 = V::Fma(v, v, a1);
     }
     total += V::ReduceAdd(V::Add(V::Add(a0, a1), V::Add(a2, a3)));
@@ -197,12 +219,12 @@ void NormalizeRowInDouble(const Row row, T* y, int64_t n, const float* scale, fl
   }
 }
 
-// One row: statistic from `stat_row` (storing it to h_out when given), output from `out_row`.
+// One row: statistic from `stat_row` (storing its values to `h` when set), output from `out_row`.
 template <class V, bool kStreaming, class StatRow, class OutRow, typename T>
-void NormalizeRow(const RowBatch<T>& batch, const StatRow stat_row, T* h_out, const OutRow out_row, T* y,
-                  const NextRow<T> next) {
+void NormalizeRow(const RowBatch<T>& batch, const StatRow stat_row, const HSink<V, kStreaming, T> h,
+                  const OutRow out_row, T* y, const NextRow<T> next) {
   const int64_t n = batch.cols;
-  const double sum_squares = SumSquares<V, kStreaming>(stat_row, n, h_out);
+  const double sum_squares = SumSquares<V, kStreaming>(stat_row, n, h);
   if (FastPathIsAccurate(sum_squares, batch.epsilon)) {
     const double factor = InverseRms(sum_squares, n, batch.epsilon, batch.eps_outside_sqrt);
     ScaleRow<V, kStreaming>(out_row, y, n, static_cast<float>(factor), batch.scale, next);
@@ -211,13 +233,21 @@ void NormalizeRow(const RowBatch<T>& batch, const StatRow stat_row, T* h_out, co
   }
 }
 
+// A per-thread row of n elements, reused across calls.
+template <typename T>
+T* ScratchRow(int64_t n) {
+  thread_local std::vector<T> row;
+  if (row.size() < static_cast<size_t>(n)) row.resize(static_cast<size_t>(n));
+  return row.data();
+}
+
 template <class V, bool kStreaming, typename T>
 void NormalizeRowsWith(const RowBatch<T>& batch, int64_t begin, int64_t end) {
   const int64_t n = batch.cols;
-  // SkipRMSNorm normally recomputes h = round(x + skip) in the second pass from the cached inputs, which lets the
-  // `sum` output be written with streaming stores. When onnxruntime made `sum` reuse an input's buffer, the input is
-  // gone by then, so h is read back from `sum` instead.
-  const bool sum_aliases_input = batch.sum && (batch.sum == batch.x || batch.sum == batch.skip);
+  // SkipRMSNorm stages h in `sum`, else in `y` (its second pass overwrites it in place); with streaming stores
+  // neither stays in cache, so in a per-thread scratch row. Every staging target is written at index i only after
+  // x[i] and skip[i] were read, so any aliasing onnxruntime chooses (Y over X, sum over skip) is safe.
+  T* const scratch = kStreaming && batch.skip ? ScratchRow<T>(n) : nullptr;
   for (int64_t r = begin; r < end; ++r) {
     const int64_t offset = r * n;
     const int64_t next_offset = r + 1 < end ? offset + n : offset;
@@ -226,16 +256,14 @@ void NormalizeRowsWith(const RowBatch<T>& batch, int64_t begin, int64_t end) {
     T* y = batch.y + offset;
     if (!batch.skip) {
       const InputRow<V, T> row{batch.x + offset};
-      NormalizeRow<V, kStreaming>(batch, row, static_cast<T*>(nullptr), row, y, next);
+      NormalizeRow<V, kStreaming>(batch, row, HSink<V, kStreaming, T>{}, row, y, next);
       continue;
     }
-    const SkipSumRow<V, T> sum_row{batch.x + offset, batch.skip + offset};
-    T* h_out = batch.sum ? batch.sum + offset : nullptr;
-    if (sum_aliases_input) {
-      NormalizeRow<V, false>(batch, sum_row, h_out, InputRow<V, T>{h_out}, y, next);
-    } else {
-      NormalizeRow<V, kStreaming>(batch, sum_row, h_out, sum_row, y, next);
-    }
+    T* const sum = batch.sum ? batch.sum + offset : nullptr;
+    const HSink<V, kStreaming, T> h = kStreaming ? HSink<V, kStreaming, T>{scratch, sum}
+                                                 : HSink<V, kStreaming, T>{sum ? sum : y, nullptr};
+    NormalizeRow<V, kStreaming>(batch, SkipSumRow<V, T>{batch.x + offset, batch.skip + offset}, h,
+                                InputRow<V, T>{h.stage}, y, next);
   }
   if constexpr (kStreaming) V::StreamingFence();  // make the weakly ordered stores visible before the task ends
 }

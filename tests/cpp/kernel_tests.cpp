@@ -243,29 +243,38 @@ void RunExtremes(const std::vector<const CpuKernels*>& isas) {
   }
 }
 
+// Outputs over inputs (Y over X, sum over skip: the aliasing onnxruntime may choose) give the bits of separate
+// buffers, with and without streaming stores (rows of whole cache lines for those), with and without `sum`.
 template <typename T>
 void RunInPlace(const std::vector<const CpuKernels*>& isas) {
   std::mt19937 rng(7);
   for (const CpuKernels* kernels : isas) {
-    for (bool skip : {false, true}) {
-      const int64_t rows = 5, cols = 37;
-      auto x = RandomValues<T>(rng, rows * cols, 2.0);
-      auto s = RandomValues<T>(rng, rows * cols, 2.0);
-      std::vector<T> expected(x.size()), expected_sum(x.size());
-      RowBatch<T> batch;
-      batch.x = x.data();
-      batch.skip = skip ? s.data() : nullptr;
-      batch.sum = skip ? expected_sum.data() : nullptr;
-      batch.y = expected.data();
-      batch.cols = cols;
-      kernels->get<T>()(batch, 0, rows);
-      // Y over X, sum over skip: the aliasing onnxruntime may choose.
-      batch.y = x.data();
-      batch.sum = skip ? s.data() : nullptr;
-      kernels->get<T>()(batch, 0, rows);
-      bool same = std::memcmp(x.data(), expected.data(), x.size() * sizeof(T)) == 0;
-      if (skip) same = same && std::memcmp(s.data(), expected_sum.data(), s.size() * sizeof(T)) == 0;
-      Expect(same, std::string(kernels->isa) + " " + TypeName<T>() + ": in-place result differs");
+    for (bool streaming : {false, true}) {
+      for (int outputs = 0; outputs < 3; ++outputs) {  // RMSNorm; SkipRMSNorm with sum; without sum
+        const bool skip = outputs > 0, with_sum = outputs == 1;
+        const int64_t rows = 5, cols = streaming ? 96 : 37;
+        const size_t n = static_cast<size_t>(rows * cols);
+        const auto x_values = RandomValues<T>(rng, n, 2.0);
+        const auto skip_values = RandomValues<T>(rng, n, 2.0);
+        AlignedBuffer<T> x(n), s(n), expected(n), expected_sum(n);
+        std::memcpy(static_cast<void*>(x.data()), x_values.data(), n * sizeof(T));
+        std::memcpy(static_cast<void*>(s.data()), skip_values.data(), n * sizeof(T));
+        RowBatch<T> batch;
+        batch.x = x.data();
+        batch.skip = skip ? s.data() : nullptr;
+        batch.sum = with_sum ? expected_sum.data() : nullptr;
+        batch.y = expected.data();
+        batch.cols = cols;
+        batch.streaming_stores = streaming;
+        kernels->get<T>()(batch, 0, rows);
+        batch.y = x.data();
+        batch.sum = with_sum ? s.data() : nullptr;
+        kernels->get<T>()(batch, 0, rows);
+        bool same = std::memcmp(x.data(), expected.data(), n * sizeof(T)) == 0;
+        if (with_sum) same = same && std::memcmp(s.data(), expected_sum.data(), n * sizeof(T)) == 0;
+        Expect(same, std::string(kernels->isa) + " " + TypeName<T>() + (streaming ? " streaming" : "") +
+                         (skip ? (with_sum ? " skip+sum" : " skip") : "") + ": in-place result differs");
+      }
     }
   }
 }
