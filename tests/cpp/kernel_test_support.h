@@ -1,5 +1,5 @@
 // Shared by the C++ kernel test programs (no onnxruntime): check counting, the ISAs to test, and comparison with
-// a float64 reference under the contract's tolerance (contract_tolerance.h).
+// a float64 reference under the contract's tolerance (contract_checks.h).
 #pragma once
 
 #include <cmath>
@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "contract_tolerance.h"
+#include "contract_checks.h"
 #include "rmsnorm_kernels.h"
 #include "scalar_convert.h"
 

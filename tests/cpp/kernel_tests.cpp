@@ -145,14 +145,6 @@ void RunCase(const CpuKernels& kernels, const Case& c, const std::vector<T>& x, 
 }
 
 template <typename T>
-std::vector<T> RandomValues(std::mt19937& rng, size_t n, double magnitude, double offset = 0.0) {
-  std::normal_distribution<double> normal(offset, magnitude);
-  std::vector<T> values(n);
-  for (auto& v : values) v = FromFloat<T>(static_cast<float>(normal(rng)));
-  return values;
-}
-
-template <typename T>
 void CompareIsas(const std::vector<const CpuKernels*>& isas, const Case& c, std::mt19937& rng, double magnitude) {
   const size_t n = static_cast<size_t>(c.rows * c.cols);
   const auto x = RandomValues<T>(rng, n, magnitude, magnitude * 0.3);  // non-zero mean: no centering

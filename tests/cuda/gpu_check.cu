@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "rmsnorm_kernels.cuh"
-#include "contract_tolerance.h"
+#include "contract_checks.h"
 #include "scalar_convert.h"  // the CPU kernels' conversions: the reference does not use CUDA's
 
 // A named namespace: nvcc's kernel stubs cannot tell this file's anonymous namespace from the one in
@@ -46,7 +46,7 @@ void CheckCudaOrDie(cudaError_t error, const char* what, int line) {
 
 // ---- element types ------------------------------------------------------------------------------------------
 
-// The element types as the launchers name them; names and tolerances come from contract_tolerance.h.
+// The element types as the launchers name them; names, tolerances and random inputs come from contract_checks.h.
 template <typename T>
 struct TypeOf;
 template <>
@@ -440,14 +440,6 @@ std::vector<T> RunCase(Executor& executor, Results& results, const Case& c, cons
   return y;
 }
 
-template <typename T>
-std::vector<T> Normal(std::mt19937& rng, size_t n, double sigma, double mean = 0.0) {
-  std::normal_distribution<double> normal(mean, sigma);
-  std::vector<T> values(n);
-  for (auto& v : values) v = FromFloat<T>(static_cast<float>(normal(rng)));
-  return values;
-}
-
 template <typename S>
 std::vector<S> Gains(std::mt19937& rng, size_t n) {
   std::uniform_real_distribution<float> gain(-2.0f, 2.0f);
@@ -459,8 +451,8 @@ std::vector<S> Gains(std::mt19937& rng, size_t n) {
 template <typename T, typename S>
 void RunRandomCase(Executor& executor, Results& results, std::mt19937& rng, const Case& c, double sigma = 1.0) {
   const size_t n = static_cast<size_t>(c.rows * c.cols);
-  const auto x = Normal<T>(rng, n, sigma, 0.3 * sigma);  // non-zero mean: RMS is about zero, no centering
-  const auto skip = c.skip ? Normal<T>(rng, n, sigma) : std::vector<T>();
+  const auto x = RandomValues<T>(rng, n, sigma, 0.3 * sigma);  // non-zero mean: RMS is about zero, no centering
+  const auto skip = c.skip ? RandomValues<T>(rng, n, sigma) : std::vector<T>();
   const auto scale = Gains<S>(rng, static_cast<size_t>(c.ScaleCount()));
   RunCase<T, S>(executor, results, c, x, skip, scale);
 }
@@ -587,7 +579,7 @@ void CheckGraphCapture(Executor& executor, Results& results) {
   const int64_t rows = 64, cols = 4096;
   const size_t bytes = static_cast<size_t>(rows * cols) * sizeof(BFloat16);
   std::mt19937 rng(9);
-  const auto x = Normal<BFloat16>(rng, static_cast<size_t>(rows * cols), 1.0);
+  const auto x = RandomValues<BFloat16>(rng, static_cast<size_t>(rows * cols), 1.0);
   const auto scale = Gains<BFloat16>(rng, static_cast<size_t>(cols));
   cuda::NormArgs args;
   args.type = args.scale_type = ElementType::kBFloat16;

@@ -1,11 +1,16 @@
-// The kernels' tolerance versus a float64 reference (README, "Numerics"), shared by the CPU kernel tests and the
-// CUDA check (tests/cuda/gpu_check.cu): one rounding to T plus float32 arithmetic (factor, two products) and float32
-// partial sums of at most 32 terms. Inline templates only, so a program may use any part of it.
+// What the CPU kernel tests and the CUDA check (tests/cuda/gpu_check.cu) share: the kernels' tolerance versus a
+// float64 reference (README, "Numerics": one rounding to T plus float32 arithmetic, factor and two products, and
+// float32 partial sums of at most 32 terms) and their random inputs. Inline templates only, so a program may use
+// any part of it.
 #pragma once
 
 #include <cmath>
+#include <cstddef>
+#include <random>
+#include <vector>
 
 #include "rmsnorm_kernels.h"
+#include "scalar_convert.h"
 
 namespace ort_rmsnorm {
 namespace {
@@ -42,6 +47,15 @@ inline double SmallestSubnormal<BFloat16>() { return std::ldexp(1.0, -133); }
 template <typename T>
 inline double RelativeTolerance() {
   return UnitRoundoff<T>() + 40.0 * std::ldexp(1.0, -24);
+}
+
+// n values of T drawn from a normal distribution, rounded to T.
+template <typename T>
+std::vector<T> RandomValues(std::mt19937& rng, size_t n, double sigma, double mean = 0.0) {
+  std::normal_distribution<double> normal(mean, sigma);
+  std::vector<T> values(n);
+  for (auto& v : values) v = FromFloat<T>(static_cast<float>(normal(rng)));
+  return values;
 }
 
 }  // namespace
