@@ -233,26 +233,15 @@ ORT_RMSNORM_HD Packed<T, E> RoundedSum(const Packed<T, E>& a, const Packed<T, E>
   return Packed<T, E>::Round(sum);
 }
 
-// y = round_T((h * factor) * scale), formed in float32 and rounded once.
-template <typename T, typename S, int E>
-ORT_RMSNORM_HD Packed<T, E> Scaled(const Packed<T, E>& h, float factor, const ScaleReader<S, E>& scale,
-                                   int64_t col) {
-  float y[E];
-  scale.Read(col, y);
-  ORT_RMSNORM_UNROLL
-  for (int e = 0; e < E; ++e) y[e] = (h.Get(e) * factor) * y[e];
-  return Packed<T, E>::Round(y);
-}
-
-// The same in float64, for rows whose float32 statistic is not trustworthy; rounded double -> float -> T.
-template <typename T, typename S, int E>
-ORT_RMSNORM_HD Packed<T, E> ScaledInDouble(const Packed<T, E>& h, double factor, const ScaleReader<S, E>& scale,
-                                           int64_t col) {
+// y = round_T((h * factor) * scale) with the products in Acc: float32, rounded once to T; or float64, for rows
+// whose float32 statistic is not trustworthy, rounded double -> float -> T.
+template <typename Acc, typename T, typename S, int E>
+ORT_RMSNORM_HD Packed<T, E> Scaled(const Packed<T, E>& h, Acc factor, const ScaleReader<S, E>& scale, int64_t col) {
   float y[E];
   scale.Read(col, y);
   ORT_RMSNORM_UNROLL
   for (int e = 0; e < E; ++e) {
-    y[e] = static_cast<float>(static_cast<double>(h.Get(e)) * factor * static_cast<double>(y[e]));
+    y[e] = static_cast<float>((static_cast<Acc>(h.Get(e)) * factor) * static_cast<Acc>(y[e]));
   }
   return Packed<T, E>::Round(y);
 }
@@ -350,43 +339,39 @@ struct TwoPassRow {
   // Pass one: float32 partial sums of one access (E <= 8 terms) added in float64; SkipRMSNorm stores h.
   ORT_RMSNORM_HD static double Accumulate(const RowArgs<T, S>& args, int64_t base, int t, int group) {
     double total = 0.0;
-    for (int64_t i = static_cast<int64_t>(t) * E; i < args.cols; i += static_cast<int64_t>(group) * E) {
+    ForEachAccess(args, t, group, [&](int64_t i) {
       Vec h[1] = {Vec::Load(args.x + base + i)};
       if constexpr (kSkip) {
         h[0] = RoundedSum(h[0], Vec::Load(args.skip + base + i));
         h[0].Store(Staging(args) + base + i);
       }
       total += SumOfSquares(h);
-    }
+    });
     return total;
   }
 
-  // Pass two.
-  ORT_RMSNORM_HD static void Store(const RowArgs<T, S>& args, int64_t base, int t, int group, float factor,
-                                   const ScaleReader<S, E>& scale) {
-    const T* source = Normalized<T, S, kSkip>(args) + base;
-    T* y = args.y + base;
-    for (int64_t i = static_cast<int64_t>(t) * E; i < args.cols; i += static_cast<int64_t>(group) * E) {
-      Scaled(Vec::Load(source + i), factor, scale, i).Store(y + i);
-    }
-  }
-
+  // The float64 statistic of the row as stored (x, or the staged h).
   ORT_RMSNORM_HD static double SumSquaresInDouble(const RowArgs<T, S>& args, int64_t base, int t, int group) {
     const T* source = Normalized<T, S, kSkip>(args) + base;
     double total = 0.0;
-    for (int64_t i = static_cast<int64_t>(t) * E; i < args.cols; i += static_cast<int64_t>(group) * E) {
-      total += SumOfSquaresInDouble(Vec::Load(source + i));
-    }
+    ForEachAccess(args, t, group, [&](int64_t i) { total += SumOfSquaresInDouble(Vec::Load(source + i)); });
     return total;
   }
 
-  ORT_RMSNORM_HD static void StoreInDouble(const RowArgs<T, S>& args, int64_t base, int t, int group, double factor,
-                                           const ScaleReader<S, E>& scale) {
+  // Pass two, with the products in Acc (see Scaled).
+  template <typename Acc>
+  ORT_RMSNORM_HD static void Store(const RowArgs<T, S>& args, int64_t base, int t, int group, Acc factor,
+                                   const ScaleReader<S, E>& scale) {
     const T* source = Normalized<T, S, kSkip>(args) + base;
     T* y = args.y + base;
-    for (int64_t i = static_cast<int64_t>(t) * E; i < args.cols; i += static_cast<int64_t>(group) * E) {
-      ScaledInDouble(Vec::Load(source + i), factor, scale, i).Store(y + i);
-    }
+    ForEachAccess(args, t, group, [&](int64_t i) { Scaled(Vec::Load(source + i), factor, scale, i).Store(y + i); });
+  }
+
+ private:
+  // fn(i) for each of this thread's accesses: elements [i, i + E) for i = t * E, (t + G) * E, ...
+  template <class Fn>
+  ORT_RMSNORM_HD static void ForEachAccess(const RowArgs<T, S>& args, int t, int group, const Fn& fn) {
+    for (int64_t i = static_cast<int64_t>(t) * E; i < args.cols; i += static_cast<int64_t>(group) * E) fn(i);
   }
 };
 
@@ -478,8 +463,8 @@ __device__ __noinline__ int RedoRowInDouble(RowArgs<T, S> args, int64_t base, in
                                             ScaleReader<S, E> scale, GroupSlots& slots, int phase) {
   using Row = TwoPassRow<T, S, kSkip, E>;
   const double sum_squares = GroupSum(Row::SumSquaresInDouble(args, base, t, group), group, slots, phase);
-  Row::StoreInDouble(args, base, t, group, InverseRms(sum_squares, args.cols, args.epsilon, args.eps_outside_sqrt),
-                     scale);
+  const double factor = InverseRms(sum_squares, args.cols, args.epsilon, args.eps_outside_sqrt);
+  Row::Store(args, base, t, group, factor, scale);  // products in float64
   return phase;
 }
 

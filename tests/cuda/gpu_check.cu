@@ -116,7 +116,7 @@ struct Emulator {
     double exact = 0.0;
     for (int t = 0; t < group; ++t) exact += TwoPass::SumSquaresInDouble(typed, base, t, group);
     const double factor = InverseRms(exact, typed.cols, typed.epsilon, typed.eps_outside_sqrt);
-    for (int t = 0; t < group; ++t) TwoPass::StoreInDouble(typed, base, t, group, factor, scale);
+    for (int t = 0; t < group; ++t) TwoPass::Store(typed, base, t, group, factor, scale);
   }
 };
 
