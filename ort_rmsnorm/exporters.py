@@ -143,39 +143,33 @@ def export(
     everywhere. (The dynamo exporter derives the outputs' dims itself and reads only the inputs'.)
     The exporters' progress messages and deprecation warnings are silenced.
     """
+    if exporter == "torchscript":
+        dynamic = {"dynamo": False, "dynamic_axes": {name: dict(axes) for name, axes in dynamic_dims.items()}}
+    elif exporter == "dynamo":
+        # torch.export names the dims itself; matching them to ours is by input position and axis.
+        dims = {name: torch.export.Dim(name) for axes in dynamic_dims.values() for name in axes.values()}
+        dynamic = {
+            "dynamo": True,
+            "verbose": False,
+            "dynamic_shapes": tuple(
+                {axis: dims[name] for axis, name in dynamic_dims.get(input_name, {}).items()}
+                for input_name in input_names
+            ),
+        }
+    else:
+        raise ValueError(f"unknown exporter {exporter!r}; expected one of {EXPORTERS}")
     module = module.eval()
     with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), _quiet_torch_logs():
         warnings.simplefilter("ignore")
-        if exporter == "torchscript":
-            torch.onnx.export(
-                module,
-                tuple(example_inputs),
-                str(path),
-                dynamo=False,
-                opset_version=EXPORTER_OPSET[exporter],
-                input_names=list(input_names),
-                output_names=list(output_names),
-                dynamic_axes={name: dict(axes) for name, axes in dynamic_dims.items()},
-            )
-        elif exporter == "dynamo":
-            dims = {name: torch.export.Dim(name) for axes in dynamic_dims.values() for name in axes.values()}
-            # torch.export names the dims itself; matching them to ours is by input position and axis.
-            torch.onnx.export(
-                module,
-                tuple(example_inputs),
-                str(path),
-                dynamo=True,
-                opset_version=EXPORTER_OPSET[exporter],
-                input_names=list(input_names),
-                output_names=list(output_names),
-                dynamic_shapes=tuple(
-                    {axis: dims[name] for axis, name in dynamic_dims.get(input_name, {}).items()}
-                    for input_name in input_names
-                ),
-                verbose=False,
-            )
-        else:
-            raise ValueError(f"unknown exporter {exporter!r}; expected one of {EXPORTERS}")
+        torch.onnx.export(
+            module,
+            tuple(example_inputs),
+            str(path),
+            opset_version=EXPORTER_OPSET[exporter],
+            input_names=list(input_names),
+            output_names=list(output_names),
+            **dynamic,
+        )
 
 
 def export_llama(
