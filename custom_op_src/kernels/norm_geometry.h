@@ -15,6 +15,13 @@ using Shape = std::vector<int64_t>;
 // "[2, 8]"; dims not known statically (negative) print as "?".
 std::string ShapeToString(const Shape& shape);
 
+// Number of elements of a tensor of `shape` (1 for a scalar).
+inline int64_t ElementCount(const Shape& shape) {
+  int64_t count = 1;
+  for (int64_t dim : shape) count *= dim;
+  return count;
+}
+
 // X viewed as [rows, cols]: the dims [axis, rank) are normalized together.
 struct NormGeometry {
   size_t axis = 0;  // non-negative

@@ -55,6 +55,25 @@ float* ThreadBuffer(int slot, size_t count) {
   return buffer.data();
 }
 
+// A constant scale converted to float32 with its own shape; when X's normalized dims are static and the scale
+// needs broadcasting, also expanded once per element for them (else broadcast per call: X's shape can be dynamic).
+struct HostScale {
+  Shape shape;
+  std::vector<float> values;
+  std::vector<float> expanded;
+  Shape expanded_for;  // the normalized shape `expanded` was made for
+};
+
+template <typename S>
+HostScale ToHostScale(const Ort::ConstValue& scale) {
+  HostScale host{ShapeOf(scale), {}, {}, {}};
+  const auto count = scale.GetTensorTypeAndShapeInfo().GetElementCount();
+  const S* data = static_cast<const S*>(scale.GetTensorRawData());
+  host.values.resize(count);
+  for (size_t i = 0; i < count; ++i) host.values[i] = ToFloat(data[i]);
+  return host;
+}
+
 template <NormKind K, typename T, typename S>
 class CpuNormKernel {
   using Sig = NormSignature<K>;
@@ -70,8 +89,14 @@ class CpuNormKernel {
       if (is_constant) constant_scale_ = ToHostScale<S>(scale);
     }
     const std::optional<StaticInput> x = attributes_.CheckStaticInput(info);
-    if (x && constant_scale_ && x->normalized_dims_known) {
-      attributes_.ScaleLayoutFor(constant_scale_->shape, x->x_shape, x->geometry);
+    if (x && constant_scale_ && x->normalized_dims_known &&
+        attributes_.ScaleLayoutFor(constant_scale_->shape, x->x_shape, x->geometry) == ScaleLayout::kBroadcast) {
+      const NormGeometry& geometry = x->geometry;
+      const int64_t cols = ElementCount(geometry.normalized_shape);
+      constant_scale_->expanded.resize(static_cast<size_t>(cols));
+      ExpandScale(constant_scale_->values.data(), attributes_.BroadcastFor(constant_scale_->shape, geometry), cols,
+                  constant_scale_->expanded.data());
+      constant_scale_->expanded_for = geometry.normalized_shape;
     }
   }
 
@@ -93,7 +118,13 @@ class CpuNormKernel {
   // The scale as `cols` float32 values in row order, or nullptr when the node has none.
   const float* ScaleForCall(const Ort::KernelContext& context, const Shape& x_shape,
                             const NormGeometry& geometry) const {
-    if (constant_scale_) return LayOutScale(constant_scale_->values.data(), constant_scale_->shape, x_shape, geometry, 0);
+    if (constant_scale_) {
+      if (constant_scale_->expanded_for == geometry.normalized_shape && !constant_scale_->expanded.empty()) {
+        attributes_.ScaleLayoutFor(constant_scale_->shape, x_shape, geometry);  // the contract's checks, as always
+        return constant_scale_->expanded.data();
+      }
+      return LayOutScale(constant_scale_->values.data(), constant_scale_->shape, x_shape, geometry, 0);
+    }
     if (context.GetInputCount() <= Sig::kScale) return nullptr;
     const Ort::ConstValue scale = context.GetInput(Sig::kScale);
     if (!scale) return nullptr;
@@ -110,32 +141,18 @@ class CpuNormKernel {
   }
 
   void Compute(const Ort::KernelContext& context) const {
-    const Ort::ConstValue x = context.GetInput(Sig::kX);
-    const Shape x_shape = ShapeOf(x);
-    const NormGeometry geometry = attributes_.Geometry(x_shape);
-
+    const NormCall call = BindCall<K>(context, attributes_);
+    const NormGeometry& geometry = call.geometry;
     RowBatch<T> batch;
-    batch.x = static_cast<const T*>(x.GetTensorRawData());
+    batch.x = static_cast<const T*>(call.x.GetTensorRawData());
+    batch.skip = static_cast<const T*>(call.skip);
+    batch.sum = static_cast<T*>(call.sum);
+    batch.y = static_cast<T*>(call.y);
     batch.cols = geometry.cols;
     batch.epsilon = attributes_.epsilon;
     batch.eps_outside_sqrt = attributes_.eps_outside_sqrt;
-    int64_t tensors_moved = 2;  // X read, Y written
-    if constexpr (Sig::kSkip) {
-      const Ort::ConstValue skip = context.GetInput(Sig::kSkipInput);
-      attributes_.CheckSkipShape(ShapeOf(skip), x_shape);
-      batch.skip = static_cast<const T*>(skip.GetTensorRawData());
-      tensors_moved += 1;
-    }
-    batch.scale = ScaleForCall(context, x_shape, geometry);
-    batch.y = static_cast<T*>(context.GetOutput(Sig::kY, x_shape).GetTensorMutableRawData());
-    if constexpr (Sig::kSkip) {
-      if (context.GetOutputCount() > Sig::kSum) {
-        if (Ort::UnownedValue sum = context.GetOutput(Sig::kSum, x_shape)) {
-          batch.sum = static_cast<T*>(sum.GetTensorMutableRawData());
-          tensors_moved += 1;
-        }
-      }
-    }
+    batch.scale = ScaleForCall(context, call.x_shape, geometry);
+    const int64_t tensors_moved = 2 + (batch.skip ? 1 : 0) + (batch.sum ? 1 : 0);  // X, Y; skip, sum
     if (geometry.rows == 0 || geometry.cols == 0) return;
     const int64_t row_bytes = geometry.cols * static_cast<int64_t>(sizeof(T));
     batch.streaming_stores = geometry.rows * row_bytes * (batch.sum ? 2 : 1) >= kStreamingOutputBytes &&

@@ -26,12 +26,6 @@ constexpr cuda::ElementType kCudaType<Float16> = cuda::ElementType::kFloat16;
 template <>
 constexpr cuda::ElementType kCudaType<BFloat16> = cuda::ElementType::kBFloat16;
 
-int64_t ElementCount(const Shape& shape) {
-  int64_t count = 1;
-  for (int64_t dim : shape) count *= dim;
-  return count;
-}
-
 void CheckCuda(cudaError_t error, const NormAttributes& attributes, const std::string& what) {
   if (error != cudaSuccess) attributes.Fail(what + ": " + cudaGetErrorString(error), ORT_FAIL);
 }
@@ -174,9 +168,9 @@ class CudaNormKernel {
 
   // Points `args` at the scale as the kernel reads it: none, per element, one value, or expanded per element into
   // `scratch` on `stream` (float32).
-  void SetScale(const Ort::KernelContext& context, const Ort::ConstValue& x, const NormGeometry& geometry,
-                cudaStream_t stream, ScratchBuffer& scratch, cuda::NormArgs& args) const {
-    const Shape x_shape = ShapeOf(x);
+  void SetScale(const Ort::KernelContext& context, const NormCall& call, cudaStream_t stream, ScratchBuffer& scratch,
+                cuda::NormArgs& args) const {
+    const NormGeometry& geometry = call.geometry;
     const void* data = nullptr;
     Shape shape;
     if (constant_scale_) {
@@ -189,7 +183,7 @@ class CudaNormKernel {
       data = scale.GetTensorRawData();
       shape = ShapeOf(scale);
     }
-    const ScaleLayout layout = attributes_.ScaleLayoutFor(shape, x_shape, geometry);
+    const ScaleLayout layout = attributes_.ScaleLayoutFor(shape, call.x_shape, geometry);
     args.scale = data;
     args.scale_type = kCudaType<S>;
     args.scale_per_element = layout == ScaleLayout::kPerElement;
@@ -202,7 +196,7 @@ class CudaNormKernel {
       return;
     }
     float* expanded = static_cast<float*>(
-        scratch.Get(context, x.GetTensorMemoryInfo(), static_cast<size_t>(geometry.cols) * sizeof(float)));
+        scratch.Get(context, call.x.GetTensorMemoryInfo(), static_cast<size_t>(geometry.cols) * sizeof(float)));
     CheckCuda(cuda::LaunchExpandScale(data, kCudaType<S>, attributes_.BroadcastFor(shape, geometry), geometry.cols,
                                       expanded, stream),
               attributes_, "launching the scale expansion");
@@ -210,33 +204,22 @@ class CudaNormKernel {
   }
 
   void Compute(const Ort::KernelContext& context) const {
-    const Ort::ConstValue x = context.GetInput(Sig::kX);
-    const Shape x_shape = ShapeOf(x);
-    const NormGeometry geometry = attributes_.Geometry(x_shape);
-
+    const NormCall call = BindCall<K>(context, attributes_);
     cuda::NormArgs args;
     args.type = kCudaType<T>;
-    args.x = x.GetTensorRawData();
-    args.rows = geometry.rows;
-    args.cols = geometry.cols;
+    args.x = call.x.GetTensorRawData();
+    args.skip = call.skip;
+    args.y = call.y;
+    args.sum = call.sum;
+    args.rows = call.geometry.rows;
+    args.cols = call.geometry.cols;
     args.epsilon = attributes_.epsilon;
     args.eps_outside_sqrt = attributes_.eps_outside_sqrt;
-    if constexpr (Sig::kSkip) {
-      const Ort::ConstValue skip = context.GetInput(Sig::kSkipInput);
-      attributes_.CheckSkipShape(ShapeOf(skip), x_shape);
-      args.skip = skip.GetTensorRawData();
-    }
-    args.y = context.GetOutput(Sig::kY, x_shape).GetTensorMutableRawData();
-    if constexpr (Sig::kSkip) {
-      if (context.GetOutputCount() > Sig::kSum) {
-        if (Ort::UnownedValue sum = context.GetOutput(Sig::kSum, x_shape)) args.sum = sum.GetTensorMutableRawData();
-      }
-    }
-    if (geometry.rows == 0 || geometry.cols == 0) return;
+    if (args.rows == 0 || args.cols == 0) return;
 
     const auto stream = static_cast<cudaStream_t>(context.GetGPUComputeStream());
     ScratchBuffer scratch;
-    SetScale(context, x, geometry, stream, scratch, args);
+    SetScale(context, call, stream, scratch, args);
     CheckCuda(cuda::LaunchRmsNorm(args, device_, stream), attributes_, "launching the CUDA kernel");
   }
 

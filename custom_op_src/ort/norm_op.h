@@ -76,20 +76,37 @@ OrtStatusPtr StatusFrom(Fn&& fn) noexcept {
   }
 }
 
-// Scale converted to float32 with its own shape; broadcast against X happens per call (X's shape can be dynamic).
-struct HostScale {
-  Shape shape;
-  std::vector<float> values;
+// The tensors of one call with the contract's shape checks done: X with its shape and geometry, skip, and the
+// outputs Y and sum (skip null for RMSNorm, sum null when the op or the graph has none).
+struct NormCall {
+  Ort::ConstValue x;
+  Shape x_shape;
+  NormGeometry geometry;
+  const void* skip = nullptr;
+  void* y = nullptr;
+  void* sum = nullptr;
 };
 
-template <typename S>
-HostScale ToHostScale(const Ort::ConstValue& scale) {
-  HostScale host{ShapeOf(scale), {}};
-  const auto count = scale.GetTensorTypeAndShapeInfo().GetElementCount();
-  const S* data = static_cast<const S*>(scale.GetTensorRawData());
-  host.values.resize(count);
-  for (size_t i = 0; i < count; ++i) host.values[i] = ToFloat(data[i]);
-  return host;
+template <NormKind K>
+NormCall BindCall(const Ort::KernelContext& context, const NormAttributes& attributes) {
+  using Sig = NormSignature<K>;
+  NormCall call{context.GetInput(Sig::kX)};
+  call.x_shape = ShapeOf(call.x);
+  call.geometry = attributes.Geometry(call.x_shape);
+  if constexpr (Sig::kSkip) {
+    const Ort::ConstValue skip = context.GetInput(Sig::kSkipInput);
+    attributes.CheckSkipShape(ShapeOf(skip), call.x_shape);
+    call.skip = skip.GetTensorRawData();
+  }
+  call.y = context.GetOutput(Sig::kY, call.x_shape).GetTensorMutableRawData();
+  if constexpr (Sig::kSkip) {
+    if (context.GetOutputCount() > Sig::kSum) {
+      if (Ort::UnownedValue sum = context.GetOutput(Sig::kSum, call.x_shape)) {
+        call.sum = sum.GetTensorMutableRawData();
+      }
+    }
+  }
+  return call;
 }
 
 template <template <NormKind, typename, typename> class Kernel, NormKind K, typename T, typename S>
