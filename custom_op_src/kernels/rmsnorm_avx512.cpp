@@ -41,10 +41,7 @@ struct Avx512Lanes {
 
   static F Load(const float* p) { return _mm512_loadu_ps(p); }
   static F Load(const Float16* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
-  static F Load(const BFloat16* p) {
-    const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
-  }
+  static F Load(const BFloat16* p) { return WidenBFloat16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
 
   static void Store(float* p, F v) { _mm512_storeu_ps(p, v); }
   static void Store(Float16* p, F v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), ToFloat16(v)); }
@@ -58,13 +55,14 @@ struct Avx512Lanes {
   template <typename T>
   static F Round(F v) {
     if constexpr (std::is_same_v<T, Float16>) return _mm512_cvtph_ps(ToFloat16(v));
-    if constexpr (std::is_same_v<T, BFloat16>) {
-      return _mm512_castsi512_ps(_mm512_and_si512(BFloat16High(v), _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
-    }
+    if constexpr (std::is_same_v<T, BFloat16>) return WidenBFloat16(ToBFloat16(v));
     return v;
   }
 
  private:
+  static F WidenBFloat16(__m256i bits) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+  }
   static __m256i ToFloat16(F v) { return _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 
   static __m256i ToBFloat16(F v) {

@@ -6,7 +6,8 @@
 //   static F Fma(F a, F b, F c) /* a*b + c */;  static float ReduceAdd(F);
 //   for T in {float, Float16, BFloat16}:
 //     static F Load(const T*), static void Store(T*, F): Load widens exactly, Store rounds to nearest-even;
-//     template <T> static F Round(F): the values rounded to T (nearest-even) and widened back;
+//     template <T> static F Round(F): the values rounded to T (nearest-even) and widened back, narrowing the way
+//       Store does, so that a Store and a Round of one value share the narrowing (SkipSumRow does both);
 //     static void StoreStreaming(T*, F): Store with a non-temporal hint, to an address aligned to the vector's
 //       bytes (a plain Store where the ISA has no such store);
 //   static void StreamingFence(): orders the streaming stores before later ones (a no-op without them).
@@ -49,26 +50,14 @@ void StorePartial(T* p, typename V::F v, int64_t n) {
   std::memcpy(static_cast<void*>(p), buffer, static_cast<size_t>(n) * sizeof(T));
 }
 
-// Where a row's values come from. Both give float32 vectors of values already exact in T.
+// Where a row's values come from, as float32 vectors of values exact in T: the tensor itself (X, or SkipRMSNorm's
+// staged h), or SkipSumRow below.
 template <class V, typename T>
-struct InputRow {  // the tensor itself (X, or SkipRMSNorm's stored sum)
-  using Elem = T;
+struct InputRow {
   const T* x;
   typename V::F Load(int64_t i) const { return V::Load(x + i); }
   typename V::F LoadPartial(int64_t i, int64_t m) const { return ort_rmsnorm::LoadPartial<V>(x + i, m); }
   float Value(int64_t i) const { return ToFloat(x[i]); }
-};
-
-template <class V, typename T>
-struct SkipSumRow {  // h = round_T(x + skip), formed in registers by the first pass
-  using Elem = T;
-  const T* x;
-  const T* skip;
-  typename V::F Load(int64_t i) const { return V::template Round<T>(V::Add(V::Load(x + i), V::Load(skip + i))); }
-  typename V::F LoadPartial(int64_t i, int64_t m) const {
-    return V::template Round<T>(
-        V::Add(ort_rmsnorm::LoadPartial<V>(x + i, m), ort_rmsnorm::LoadPartial<V>(skip + i, m)));
-  }
 };
 
 // Full-vector stores: streaming (non-temporal) ones for large calls, see RowBatch::streaming_stores.
@@ -84,13 +73,12 @@ void StoreVector(T* p, typename V::F v) {
 // Where the first pass leaves SkipRMSNorm's h = round_T(x + skip): `stage`, cached memory the second pass reads h
 // back from (reading it is cheaper than forming it again: two loads, an add and a rounding, which for 16-bit
 // types cost more than the rest of the pass), and, with streaming stores, `streamed`, the `sum` output written
-// around the cache. Both null for RMSNorm; `streamed` null when there is no `sum` or no streaming.
+// around the cache (null when there is no `sum` or no streaming).
 template <class V, bool kStreaming, typename T>
 struct HSink {
-  T* stage = nullptr;
-  T* streamed = nullptr;
+  T* stage;
+  T* streamed;
 
-  explicit operator bool() const { return stage != nullptr; }
   void Store(int64_t i, typename V::F v) const {
     V::Store(stage + i, v);
     if constexpr (kStreaming) {
@@ -103,6 +91,26 @@ struct HSink {
   }
 };
 
+// SkipRMSNorm's first-pass row: h = round_T(x + skip), staged to `h` as it is formed. The sum is handed unrounded
+// to both the store (which rounds) and Round, so the compiler computes the rounding once for the two.
+template <class V, bool kStreaming, typename T>
+struct SkipSumRow {
+  const T* x;
+  const T* skip;
+  HSink<V, kStreaming, T> h;
+  typename V::F Load(int64_t i) const {
+    const typename V::F sum = V::Add(V::Load(x + i), V::Load(skip + i));
+    h.Store(i, sum);
+    return V::template Round<T>(sum);
+  }
+  typename V::F LoadPartial(int64_t i, int64_t m) const {
+    const typename V::F sum =
+        V::Add(ort_rmsnorm::LoadPartial<V>(x + i, m), ort_rmsnorm::LoadPartial<V>(skip + i, m));
+    h.StorePartial(i, sum, m);
+    return V::template Round<T>(sum);
+  }
+};
+
 // Whether V has `F DotSquares(const BFloat16* p, F acc)`: acc + the squares of 2 * kWidth bfloat16 values straight
 // from memory, two per lane (AVX512-BF16's vdpbf16ps: exact products, no widening). Used for plain bfloat16 rows.
 template <class V, class Row, class = void>
@@ -111,9 +119,9 @@ template <class V, class Row>
 struct HasDotSquares<V, Row, decltype(static_cast<void>(V::DotSquares(std::declval<const BFloat16*>(), V::Zero())))>
     : std::is_same<Row, InputRow<V, BFloat16>> {};
 
-// Sum of squares of a row; its values are also stored to `h` when it is set (SkipRMSNorm).
-template <class V, bool kStreaming, class Row>
-double SumSquares(const Row row, int64_t n, const HSink<V, kStreaming, typename Row::Elem> h) {
+// Sum of squares of a row.
+template <class V, class Row>
+double SumSquares(const Row row, int64_t n) {
   using F = typename V::F;
   constexpr int64_t W = V::kWidth;
   double total = 0.0;
@@ -131,12 +139,6 @@ double SumSquares(const Row row, int64_t n, const HSink<V, kStreaming, typename 
     }
     for (; i + 4 * W <= end; i += 4 * W) {
       const F v0 = row.Load(i), v1 = row.Load(i + W), v2 = row.Load(i + 2 * W), v3 = row.Load(i + 3 * W);
-      if (h) {
-        h.Store(i, v0);
-        h.Store(i + W, v1);
-        h.Store(i + 2 * W, v2);
-        h.Store(i + 3 * W, v3);
-      }
       a0 = V::Fma(v0, v0, a0);
       a1 = V::Fma(v1, v1, a1);
       a2 = V::Fma(v2, v2, a2);
@@ -144,12 +146,10 @@ double SumSquares(const Row row, int64_t n, const HSink<V, kStreaming, typename 
     }
     for (; i + W <= end; i += W) {
       const F v = row.Load(i);
-      if (h) h.Store(i, v);
       a0 = V::Fma(v, v, a0);
     }
     if (i < end) {
       const F v = row.LoadPartial(i, end - i);
-      if (h) h.StorePartial(i, v, end - i);
       a1 = V::Fma(v, v, a1);
     }
     total += V::ReduceAdd(V::Add(V::Add(a0, a1), V::Add(a2, a3)));
@@ -219,12 +219,12 @@ void NormalizeRowInDouble(const Row row, T* y, int64_t n, const float* scale, fl
   }
 }
 
-// One row: statistic from `stat_row` (storing its values to `h` when set), output from `out_row`.
+// One row: statistic from `stat_row`, output from `out_row`.
 template <class V, bool kStreaming, class StatRow, class OutRow, typename T>
-void NormalizeRow(const RowBatch<T>& batch, const StatRow stat_row, const HSink<V, kStreaming, T> h,
-                  const OutRow out_row, T* y, const NextRow<T> next) {
+void NormalizeRow(const RowBatch<T>& batch, const StatRow stat_row, const OutRow out_row, T* y,
+                  const NextRow<T> next) {
   const int64_t n = batch.cols;
-  const double sum_squares = SumSquares<V, kStreaming>(stat_row, n, h);
+  const double sum_squares = SumSquares<V>(stat_row, n);
   if (FastPathIsAccurate(sum_squares, batch.epsilon)) {
     const double factor = InverseRms(sum_squares, n, batch.epsilon, batch.eps_outside_sqrt);
     ScaleRow<V, kStreaming>(out_row, y, n, static_cast<float>(factor), batch.scale, next);
@@ -256,13 +256,13 @@ void NormalizeRowsWith(const RowBatch<T>& batch, int64_t begin, int64_t end) {
     T* y = batch.y + offset;
     if (!batch.skip) {
       const InputRow<V, T> row{batch.x + offset};
-      NormalizeRow<V, kStreaming>(batch, row, HSink<V, kStreaming, T>{}, row, y, next);
+      NormalizeRow<V, kStreaming>(batch, row, row, y, next);
       continue;
     }
     T* const sum = batch.sum ? batch.sum + offset : nullptr;
     const HSink<V, kStreaming, T> h = kStreaming ? HSink<V, kStreaming, T>{scratch, sum}
                                                  : HSink<V, kStreaming, T>{sum ? sum : y, nullptr};
-    NormalizeRow<V, kStreaming>(batch, SkipSumRow<V, T>{batch.x + offset, batch.skip + offset}, h,
+    NormalizeRow<V, kStreaming>(batch, SkipSumRow<V, kStreaming, T>{batch.x + offset, batch.skip + offset, h},
                                 InputRow<V, T>{h.stage}, y, next);
   }
   if constexpr (kStreaming) V::StreamingFence();  // make the weakly ordered stores visible before the task ends
