@@ -1,7 +1,7 @@
-// What the CPU kernel tests and the CUDA check (tests/cuda/gpu_check.cu) share: the kernels' tolerance versus a
-// float64 reference (README, "Numerics": one rounding to T plus float32 arithmetic, factor and two products, and
-// float32 partial sums of at most 32 terms) and their random inputs. Inline templates only, so a program may use
-// any part of it.
+// What the CPU kernel tests and the CUDA check (tests/cuda/gpu_check.cu) share: the facts of each element format,
+// the kernels' tolerance versus a float64 reference (README, "Numerics": one rounding to T plus float32 arithmetic,
+// factor and two products, and float32 partial sums of at most 32 terms) and their random inputs. Inline templates
+// only, so a program may use any part of it.
 #pragma once
 
 #include <cmath>
@@ -15,34 +15,48 @@
 namespace ort_rmsnorm {
 namespace {
 
+// What the checks need of T's format: its name, its significand digits p (with the implicit bit) and the exponent
+// range of its normal numbers, value = 1.f * 2^e with kMinExponent <= e <= kMaxExponent.
 template <typename T>
-inline const char* TypeName();
+struct Format;
 template <>
-inline const char* TypeName<float>() { return "float32"; }
+struct Format<float> {
+  static constexpr const char* kName = "float32";
+  static constexpr int kDigits = 24, kMinExponent = -126, kMaxExponent = 127;
+};
 template <>
-inline const char* TypeName<Float16>() { return "float16"; }
+struct Format<Float16> {
+  static constexpr const char* kName = "float16";
+  static constexpr int kDigits = 11, kMinExponent = -14, kMaxExponent = 15;
+};
 template <>
-inline const char* TypeName<BFloat16>() { return "bfloat16"; }
+struct Format<BFloat16> {
+  static constexpr const char* kName = "bfloat16";
+  static constexpr int kDigits = 8, kMinExponent = -126, kMaxExponent = 127;
+};
+
+template <typename T>
+inline const char* TypeName() {
+  return Format<T>::kName;
+}
 
 // Unit roundoff of T (half an ulp at 1).
 template <typename T>
-inline double UnitRoundoff();
-template <>
-inline double UnitRoundoff<float>() { return std::ldexp(1.0, -24); }
-template <>
-inline double UnitRoundoff<Float16>() { return std::ldexp(1.0, -11); }
-template <>
-inline double UnitRoundoff<BFloat16>() { return std::ldexp(1.0, -8); }
+inline double UnitRoundoff() {
+  return std::ldexp(1.0, -Format<T>::kDigits);
+}
 
 // Smallest positive subnormal of T: the absolute error floor of rounding to T.
 template <typename T>
-inline double SmallestSubnormal();
-template <>
-inline double SmallestSubnormal<float>() { return std::ldexp(1.0, -149); }
-template <>
-inline double SmallestSubnormal<Float16>() { return std::ldexp(1.0, -24); }
-template <>
-inline double SmallestSubnormal<BFloat16>() { return std::ldexp(1.0, -133); }
+inline double SmallestSubnormal() {
+  return std::ldexp(1.0, Format<T>::kMinExponent - (Format<T>::kDigits - 1));
+}
+
+// Largest finite value of T: (2 - ulp(1)) * 2^kMaxExponent.
+template <typename T>
+inline double LargestFinite() {
+  return std::ldexp(2.0 - std::ldexp(1.0, 1 - Format<T>::kDigits), Format<T>::kMaxExponent);
+}
 
 template <typename T>
 inline double RelativeTolerance() {

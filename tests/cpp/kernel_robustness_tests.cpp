@@ -41,16 +41,6 @@ struct Options {
   uint32_t seed = 20240611;
 };
 
-// The largest finite value of T.
-template <typename T>
-double LargestFinite();
-template <>
-double LargestFinite<float>() { return FLT_MAX; }
-template <>
-double LargestFinite<Float16>() { return 65504.0; }
-template <>
-double LargestFinite<BFloat16>() { return ToFloat(BFloat16{0x7F7F}); }
-
 // ---- random cases ------------------------------------------------------------------------------------------
 
 struct RandomCase {
