@@ -64,13 +64,21 @@ struct HostScale {
   Shape expanded_for;  // the normalized shape `expanded` was made for
 };
 
+// `count` scale values as float32 (exact): 16-bit ones widened by the dispatched vector kernels.
+template <typename S>
+void ScaleToFloat32(const S* data, size_t count, float* out) {
+  if constexpr (std::is_same_v<S, float>) {
+    std::copy(data, data + count, out);
+  } else {
+    g_cpu_kernels->widen<S>()(data, out, static_cast<int64_t>(count));
+  }
+}
+
 template <typename S>
 HostScale ToHostScale(const Ort::ConstValue& scale) {
   HostScale host{ShapeOf(scale), {}, {}, {}};
-  const auto count = scale.GetTensorTypeAndShapeInfo().GetElementCount();
-  const S* data = static_cast<const S*>(scale.GetTensorRawData());
-  host.values.resize(count);
-  for (size_t i = 0; i < count; ++i) host.values[i] = ToFloat(data[i]);
+  host.values.resize(scale.GetTensorTypeAndShapeInfo().GetElementCount());
+  ScaleToFloat32(static_cast<const S*>(scale.GetTensorRawData()), host.values.size(), host.values.data());
   return host;
 }
 
@@ -135,7 +143,7 @@ class CpuNormKernel {
     } else {
       const size_t count = scale.GetTensorTypeAndShapeInfo().GetElementCount();
       float* converted = ThreadBuffer(0, count);
-      g_cpu_kernels->widen<S>()(data, converted, static_cast<int64_t>(count));
+      ScaleToFloat32(data, count, converted);
       return LayOutScale(converted, scale_shape, x_shape, geometry, 1);
     }
   }
