@@ -36,6 +36,7 @@ struct Avx2Lanes {
   static void StoreStreaming(Float16* p, F v) { _mm_stream_si128(reinterpret_cast<__m128i*>(p), ToFloat16(v)); }
   static void StoreStreaming(BFloat16* p, F v) { _mm_stream_si128(reinterpret_cast<__m128i*>(p), ToBFloat16(v)); }
   static void StreamingFence() { _mm_sfence(); }
+  static constexpr bool kPipelineRows = true;
 
   template <typename T>
   static F Round(F v) {

@@ -40,6 +40,7 @@ struct ScalarLanes {
     Store(p, a);
   }
   static void StreamingFence() {}
+  static constexpr bool kPipelineRows = false;  // compute-bound: nothing to overlap
 };
 
 }  // namespace

@@ -10,7 +10,10 @@
 //       Store does, so that a Store and a Round of one value share the narrowing (SkipSumRow does both);
 //     static void StoreStreaming(T*, F): Store with a non-temporal hint, to an address aligned to the vector's
 //       bytes (a plain Store where the ISA has no such store);
-//   static void StreamingFence(): orders the streaming stores before later ones (a no-op without them).
+//     optionally static void StoreStreamingPair(T*, F, F): two vectors' values as one such store, where the
+//       narrowed halves would otherwise each write half a cache line (see HasStreamingPair);
+//   static void StreamingFence(): orders the streaming stores before later ones (a no-op without them);
+//   static constexpr bool kPipelineRows: whether streaming calls on 16-bit rows are pipelined (NormalizeRowsWith).
 //
 // Everything is in an anonymous namespace: see scalar_convert.h for why.
 #pragma once
@@ -70,6 +73,14 @@ void StoreVector(T* p, typename V::F v) {
   }
 }
 
+// Whether V has StoreStreamingPair for T (AVX-512's 16-bit narrowing gives half a line per vector).
+template <class V, typename T, class = void>
+struct HasStreamingPair : std::false_type {};
+template <class V, typename T>
+struct HasStreamingPair<V, T,
+                        decltype(V::StoreStreamingPair(std::declval<T*>(), V::Zero(), V::Zero()))>
+    : std::true_type {};
+
 // Where the first pass leaves SkipRMSNorm's h = round_T(x + skip): `stage`, cached memory the second pass reads h
 // back from (reading it is cheaper than forming it again: two loads, an add and a rounding, which for 16-bit
 // types cost more than the rest of the pass), and, with streaming stores, `streamed`, the `sum` output written
@@ -119,9 +130,10 @@ template <class V, class Row>
 struct HasDotSquares<V, Row, decltype(static_cast<void>(V::DotSquares(std::declval<const BFloat16*>(), V::Zero())))>
     : std::is_same<Row, InputRow<V, BFloat16>> {};
 
-// Sum of squares of a row.
-template <class V, class Row>
-double SumSquares(const Row row, int64_t n) {
+// Sum of squares of a row. `alongside(i)` is called once per full step of four vectors, [i, i + 4 * kWidth), which
+// covers [0, n - n % (4 * kWidth)): NormalizeRowRange scales the previous row there when pipelined.
+template <class V, class Row, class Alongside>
+double SumSquares(const Row row, int64_t n, const Alongside& alongside) {
   using F = typename V::F;
   constexpr int64_t W = V::kWidth;
   double total = 0.0;
@@ -131,6 +143,8 @@ double SumSquares(const Row row, int64_t n) {
     int64_t i = block;
     if constexpr (HasDotSquares<V, Row>::value) {
       for (; i + 8 * W <= end; i += 8 * W) {
+        alongside(i);
+        alongside(i + 4 * W);
         a0 = V::DotSquares(row.x + i, a0);
         a1 = V::DotSquares(row.x + i + 2 * W, a1);
         a2 = V::DotSquares(row.x + i + 4 * W, a2);
@@ -138,6 +152,7 @@ double SumSquares(const Row row, int64_t n) {
       }
     }
     for (; i + 4 * W <= end; i += 4 * W) {
+      alongside(i);
       const F v0 = row.Load(i), v1 = row.Load(i + W), v2 = row.Load(i + 2 * W), v3 = row.Load(i + 3 * W);
       a0 = V::Fma(v0, v0, a0);
       a1 = V::Fma(v1, v1, a1);
@@ -157,9 +172,14 @@ double SumSquares(const Row row, int64_t n) {
   return total;
 }
 
-// The next row's inputs, prefetched into L2 while the current row is finished from cache, so that its first pass
-// finds them there instead of waiting on memory. Both pointers are always valid (the last row of a task points at
-// itself, RMSNorm at X twice), which keeps the loop free of branches.
+template <class V, class Row>
+double SumSquares(const Row row, int64_t n) {
+  return SumSquares<V>(row, n, [](int64_t) {});
+}
+
+// The inputs of a row read later (see NormalizeRowRange), prefetched into L2 while the current row is scaled, so
+// that its sum of squares finds them there instead of waiting on memory. Both pointers are always valid (the last
+// row of a task points at itself, RMSNorm at X twice), which keeps the loop free of branches.
 template <typename T>
 struct NextRow {
   const T* a;
@@ -170,38 +190,43 @@ struct NextRow {
   }
 };
 
-// y = round_T(row * factor * scale).
+// y = round_T(row * factor * scale), in SumSquares' steps of four vectors (so that a row can be scaled inside the
+// next row's sum of squares), prefetching the lines of the row read next that correspond to each step.
 template <class V, bool kStreaming, class Row, typename T>
-void ScaleRow(const Row row, T* y, int64_t n, float factor, const float* scale, const NextRow<T> next) {
+struct RowScaler {
   using F = typename V::F;
-  constexpr int64_t W = V::kWidth;
-  // One cache line of T per iteration (at least one vector), with one prefetch.
-  constexpr int64_t kVectors = 64 / (W * sizeof(T)) > 1 ? 64 / (W * sizeof(T)) : 1;
-  const F f = V::Set1(factor);
-  int64_t i = 0;
-  if (scale) {
-    for (; i + kVectors * W <= n; i += kVectors * W) {
-      next.Prefetch(i);
-#pragma GCC unroll 4
-      for (int64_t k = i; k < i + kVectors * W; k += W) {
-        StoreVector<V, kStreaming>(y + k, V::Mul(V::Mul(row.Load(k), f), V::Load(scale + k)));
-      }
+  static constexpr int64_t W = V::kWidth;
+  static constexpr int64_t kStep = 4 * W;
+  Row row;
+  T* y;
+  F factor;
+  const float* scale;  // never nullptr here: see NormalizeRows
+  NextRow<T> next;
+
+  void Step(int64_t i) const {
+    for (int64_t byte = 0; byte < kStep * static_cast<int64_t>(sizeof(T)); byte += 64) {
+      next.Prefetch(i + byte / static_cast<int64_t>(sizeof(T)));
     }
-    for (; i + W <= n; i += W) StoreVector<V, kStreaming>(y + i, V::Mul(V::Mul(row.Load(i), f), V::Load(scale + i)));
-  } else {
-    for (; i + kVectors * W <= n; i += kVectors * W) {
-      next.Prefetch(i);
-#pragma GCC unroll 4
-      for (int64_t k = i; k < i + kVectors * W; k += W) StoreVector<V, kStreaming>(y + k, V::Mul(row.Load(k), f));
+    if constexpr (kStreaming && HasStreamingPair<V, T>::value) {
+      for (int64_t k = i; k < i + kStep; k += 2 * W) V::StoreStreamingPair(y + k, At(k), At(k + W));
+    } else {
+      for (int64_t k = i; k < i + kStep; k += W) StoreVector<V, kStreaming>(y + k, At(k));
     }
-    for (; i + W <= n; i += W) StoreVector<V, kStreaming>(y + i, V::Mul(row.Load(i), f));
   }
-  if (i < n) {
-    F v = V::Mul(row.LoadPartial(i, n - i), f);
-    if (scale) v = V::Mul(v, LoadPartial<V>(scale + i, n - i));
-    StorePartial<V>(y + i, v, n - i);
+  // Elements [begin, n), begin a multiple of kStep.
+  void Rest(int64_t begin, int64_t n) const {
+    int64_t i = begin;
+    for (; i + kStep <= n; i += kStep) Step(i);
+    for (; i + W <= n; i += W) StoreVector<V, kStreaming>(y + i, At(i));
+    if (i < n) {
+      const int64_t m = n - i;
+      StorePartial<V>(y + i, V::Mul(V::Mul(row.LoadPartial(i, m), factor), LoadPartial<V>(scale + i, m)), m);
+    }
   }
-}
+
+ private:
+  F At(int64_t i) const { return V::Mul(V::Mul(row.Load(i), factor), V::Load(scale + i)); }
+};
 
 // The whole row in double: for rows whose float32 statistic is not trustworthy (see row_statistics.h).
 // Results are rounded double -> float -> T.
@@ -214,22 +239,8 @@ void NormalizeRowInDouble(const Row row, T* y, int64_t n, const float* scale, fl
   }
   const double factor = InverseRms(sum_squares, n, epsilon, eps_outside_sqrt);
   for (int64_t i = 0; i < n; ++i) {
-    const double v = static_cast<double>(row.Value(i)) * factor * (scale ? scale[i] : 1.0f);
+    const double v = static_cast<double>(row.Value(i)) * factor * scale[i];
     y[i] = FromFloat<T>(static_cast<float>(v));
-  }
-}
-
-// One row: statistic from `stat_row`, output from `out_row`.
-template <class V, bool kStreaming, class StatRow, class OutRow, typename T>
-void NormalizeRow(const RowBatch<T>& batch, const StatRow stat_row, const OutRow out_row, T* y,
-                  const NextRow<T> next) {
-  const int64_t n = batch.cols;
-  const double sum_squares = SumSquares<V>(stat_row, n);
-  if (FastPathIsAccurate(sum_squares, batch.epsilon)) {
-    const double factor = InverseRms(sum_squares, n, batch.epsilon, batch.eps_outside_sqrt);
-    ScaleRow<V, kStreaming>(out_row, y, n, static_cast<float>(factor), batch.scale, next);
-  } else {
-    NormalizeRowInDouble(out_row, y, n, batch.scale, batch.epsilon, batch.eps_outside_sqrt);
   }
 }
 
@@ -241,40 +252,89 @@ T* ScratchRow(int64_t n) {
   return row.data();
 }
 
+// A per-thread row of n ones: the scale of calls without one. Multiplying by 1 is exact, and one loop without a
+// branch on the scale keeps the portable code vectorized (a branch per vector or per step made it 7-90% slower;
+// the ones cost calls without a scale 9-15% with rows in L1/L2, nothing measurable with rows in memory).
+const float* OnesRow(int64_t n) {
+  thread_local std::vector<float> ones;
+  if (ones.size() < static_cast<size_t>(n)) ones.assign(static_cast<size_t>(n), 1.0f);
+  return ones.data();
+}
+
+// Rows [begin, end): row r's statistic from `stat(r)`, its output from `out(r)` (a StatRow and an OutRow). Row r is
+// scaled, then row r + 1 summed; `kPipelined` does both in one loop (row r scaled in the steps of row r + 1's sum of
+// squares) so that row r + 1's loads, from outside the core's caches, overlap row r's arithmetic. The sums and
+// products are the same either way: results are bit-identical.
+template <class V, bool kStreaming, bool kPipelined, typename T, class StatAt, class OutAt>
+void NormalizeRowRange(const RowBatch<T>& batch, int64_t begin, int64_t end, const StatAt& stat, const OutAt& out) {
+  const int64_t n = batch.cols;
+  double sum_squares = 0.0;
+  bool summed = false;  // row r's sum of squares was formed alongside row r - 1
+  for (int64_t r = begin; r < end; ++r) {
+    if (!summed) sum_squares = SumSquares<V>(stat(r), n);
+    summed = false;
+    const bool pipelined = kPipelined && r + 1 < end;
+    // Prefetched while row r is scaled: the row summed next (r + 1, or r + 2 when r + 1 is summed alongside).
+    const int64_t ahead = r + (pipelined ? 2 : 1) < end ? r + (pipelined ? 2 : 1) : end - 1;
+    const T* const ahead_x = batch.x + ahead * n;
+    const NextRow<T> next{ahead_x, batch.skip ? batch.skip + ahead * n : ahead_x};
+    T* const y = batch.y + r * n;
+    const auto row = out(r);
+    if (!FastPathIsAccurate(sum_squares, batch.epsilon)) {
+      NormalizeRowInDouble(row, y, n, batch.scale, batch.epsilon, batch.eps_outside_sqrt);
+      continue;
+    }
+    const float factor = static_cast<float>(InverseRms(sum_squares, n, batch.epsilon, batch.eps_outside_sqrt));
+    const RowScaler<V, kStreaming, decltype(row), T> scaler{row, y, V::Set1(factor), batch.scale, next};
+    if (pipelined) {
+      sum_squares = SumSquares<V>(stat(r + 1), n, [&](int64_t i) { scaler.Step(i); });
+      summed = true;
+      scaler.Rest(n - n % scaler.kStep, n);
+    } else {
+      scaler.Rest(0, n);
+    }
+  }
+}
+
 template <class V, bool kStreaming, typename T>
 void NormalizeRowsWith(const RowBatch<T>& batch, int64_t begin, int64_t end) {
   const int64_t n = batch.cols;
-  // SkipRMSNorm stages h in `sum`, else in `y` (its second pass overwrites it in place); with streaming stores
-  // neither stays in cache, so in a per-thread scratch row. Every staging target is written at index i only after
-  // x[i] and skip[i] were read, so any aliasing onnxruntime chooses (Y over X, sum over skip) is safe.
-  T* const scratch = kStreaming && batch.skip ? ScratchRow<T>(n) : nullptr;
-  for (int64_t r = begin; r < end; ++r) {
-    const int64_t offset = r * n;
-    const int64_t next_offset = r + 1 < end ? offset + n : offset;
-    const T* next_x = batch.x + next_offset;
-    const NextRow<T> next{next_x, batch.skip ? batch.skip + next_offset : next_x};
-    T* y = batch.y + offset;
-    if (!batch.skip) {
-      const InputRow<V, T> row{batch.x + offset};
-      NormalizeRow<V, kStreaming>(batch, row, row, y, next);
-      continue;
-    }
-    T* const sum = batch.sum ? batch.sum + offset : nullptr;
-    const HSink<V, kStreaming, T> h = kStreaming ? HSink<V, kStreaming, T>{scratch, sum}
-                                                 : HSink<V, kStreaming, T>{sum ? sum : y, nullptr};
-    NormalizeRow<V, kStreaming>(batch, SkipSumRow<V, kStreaming, T>{batch.x + offset, batch.skip + offset, h},
-                                InputRow<V, T>{h.stage}, y, next);
+  // Pipelining pays where the arithmetic takes as long as the memory traffic, 16-bit rows (their conversions), and
+  // when the rows come from outside L2, which streaming calls imply: float32 rows and rows in L1/L2 were measured
+  // slower with it, and so was the compute-bound scalar code (docs/benchmarks.md, "What limits the kernels").
+  constexpr bool kPipelined = V::kPipelineRows && kStreaming && sizeof(T) == 2;
+  if (!batch.skip) {
+    const auto row = [&](int64_t r) { return InputRow<V, T>{batch.x + r * n}; };
+    NormalizeRowRange<V, kStreaming, kPipelined>(batch, begin, end, row, row);
+  } else {
+    // SkipRMSNorm stages h in `sum`, else in `y` (its second pass overwrites it in place); with streaming stores
+    // neither stays in cache, so in a per-thread scratch row (two when pipelined: row r's h is read while row
+    // r + 1's is formed). Every staging target is written at index i only after x[i] and skip[i] were read, so
+    // any aliasing onnxruntime chooses (Y over X, sum over skip) is safe.
+    T* const scratch = kStreaming ? ScratchRow<T>(kPipelined ? 2 * n : n) : nullptr;
+    const auto stage = [&](int64_t r) {
+      if (kStreaming) return scratch + (kPipelined ? (r & 1) * n : 0);
+      return (batch.sum ? batch.sum : batch.y) + r * n;
+    };
+    const auto stat = [&](int64_t r) {
+      T* const sum = kStreaming && batch.sum ? batch.sum + r * n : nullptr;
+      return SkipSumRow<V, kStreaming, T>{batch.x + r * n, batch.skip + r * n, {stage(r), sum}};
+    };
+    const auto out = [&](int64_t r) { return InputRow<V, T>{stage(r)}; };
+    NormalizeRowRange<V, kStreaming, kPipelined>(batch, begin, end, stat, out);
   }
   if constexpr (kStreaming) V::StreamingFence();  // make the weakly ordered stores visible before the task ends
 }
 
 template <class V, typename T>
 void NormalizeRows(const RowBatch<T>& batch, int64_t begin, int64_t end) {
-  if (batch.cols == 0) return;
+  if (batch.cols == 0 || begin >= end) return;
+  RowBatch<T> scaled = batch;
+  if (!scaled.scale) scaled.scale = OnesRow(batch.cols);
   if (batch.streaming_stores) {
-    NormalizeRowsWith<V, true>(batch, begin, end);
+    NormalizeRowsWith<V, true>(scaled, begin, end);
   } else {
-    NormalizeRowsWith<V, false>(batch, begin, end);
+    NormalizeRowsWith<V, false>(scaled, begin, end);
   }
 }
 

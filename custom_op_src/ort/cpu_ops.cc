@@ -22,12 +22,16 @@ constexpr int64_t kTaskBytes = 64 * 1024;
 // the read + write a copy needs. (Only when every row starts on a cache line, as onnxruntime's allocations and the
 // usual hidden sizes give.)
 constexpr int64_t kStreamingOutputBytes = 8 * 1024 * 1024;
+// Streaming calls are cut into larger tasks (still at least 64 per call): the kernels pipeline rows within a task,
+// and each task's first row runs without that overlap.
+constexpr int64_t kStreamingTaskBytes = 256 * 1024;
 
 bool LineAligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 64 == 0; }
 
 template <typename Fn>
-void ParallelRows(const Ort::KernelContext& context, int64_t rows, int64_t bytes_per_row, const Fn& fn) {
-  const int64_t rows_per_task = std::max<int64_t>(1, kTaskBytes / std::max<int64_t>(1, bytes_per_row));
+void ParallelRows(const Ort::KernelContext& context, int64_t rows, int64_t bytes_per_row, int64_t task_bytes,
+                  const Fn& fn) {
+  const int64_t rows_per_task = std::max<int64_t>(1, task_bytes / std::max<int64_t>(1, bytes_per_row));
   const int64_t tasks = (rows + rows_per_task - 1) / rows_per_task;
   if (tasks <= 1 || rows * bytes_per_row <= kInlineBytes || RuntimeApiVersion() < kApiParallelFor) {
     fn(int64_t{0}, rows);
@@ -166,6 +170,7 @@ class CpuNormKernel {
     batch.streaming_stores = geometry.rows * row_bytes * (batch.sum ? 2 : 1) >= kStreamingOutputBytes &&
                              row_bytes % 64 == 0 && LineAligned(batch.y) && (!batch.sum || LineAligned(batch.sum));
     ParallelRows(context, geometry.rows, geometry.cols * tensors_moved * static_cast<int64_t>(sizeof(T)),
+                 batch.streaming_stores ? kStreamingTaskBytes : kTaskBytes,
                  [&](int64_t begin, int64_t end) { rows_(batch, begin, end); });
   }
 
