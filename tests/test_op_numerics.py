@@ -234,20 +234,33 @@ def test_library_loads_in_a_default_session():
 
 
 @pytest.mark.parametrize("x_dtype", [np.dtype(np.float32), np.dtype(np.float16), TYPE_PAIRS[3][0]], ids=str)
-@pytest.mark.parametrize("sum_output", [False, True])
-def test_large_outputs_match_small_ones_bit_for_bit(rng, x_dtype, sum_output):
-    """Outputs of several MB are written with streaming stores (and rows prefetched ahead): the same rows run in a
-    small call, with ordinary stores, must give identical bits, and both match the reference."""
-    model = norm_model(x_dtype, np.float32, skip=True, sum_output=sum_output, x_shape=("r", "d"), scale_shape=["d"])
+@pytest.mark.parametrize("op", ["rmsnorm", "skip", "skip+sum"])
+def test_large_outputs_match_small_ones_bit_for_bit(rng, x_dtype, op):
+    """Outputs of several MB are written with streaming stores, in larger tasks, and 16-bit rows are pipelined (each
+    row scaled inside the next row's sum of squares): every row must have the bits it gets in smaller calls (ordinary
+    stores, row by row), a row redone in double (it holds a NaN) among them, and the results match the reference."""
+    skip = op != "rmsnorm"
+    model = norm_model(x_dtype, np.float32, skip=skip, sum_output=op == "skip+sum", x_shape=("r", "d"),
+                       scale_shape=["d"])
     session = _session(model, threads=2)
-    rows, cols = 4096 if x_dtype.itemsize == 2 else 2048, 1024
+    # Rows of whole cache lines (streaming stores need them) that end in half a 64-element step: the tail each
+    # pipelined row finishes after the next row's sum.
+    rows, cols = 4096 if x_dtype.itemsize == 2 else 2048, 1056
     x, s = random_array(rng, (rows, cols), x_dtype), random_array(rng, (rows, cols), x_dtype)
+    x[rows // 3, 5] = np.nan
     scale = rng.uniform(0.5, 1.5, cols).astype(np.float32)
-    large = run(session, {"x": x, "skip": s, "scale": scale})
-    small = run(session, {"x": x[:8], "skip": s[:8], "scale": scale})
-    for got_large, got_small in zip(large, small):
-        np.testing.assert_array_equal(got_large[:8].view(np.uint8), got_small.view(np.uint8))
-    expected, h = rmsnorm(x, scale, skip=s)
+
+    def feeds(part):
+        return {"x": x[part], "scale": scale, **({"skip": s[part]} if skip else {})}
+
+    large = run(session, feeds(slice(None)))
+    chunk = 256  # 512 KB of float16 output: ordinary stores
+    small = [run(session, feeds(slice(r, r + chunk))) for r in range(0, rows, chunk)]
+    for output, got_large in enumerate(large):
+        got_small = np.concatenate([parts[output] for parts in small])
+        np.testing.assert_array_equal(got_large.view(np.uint8), got_small.view(np.uint8))
+    expected, h = rmsnorm(x, scale, skip=s if skip else None)
     assert_matches_reference(large[0], expected, x_dtype, "large output")
-    if sum_output:
+    assert np.isnan(large[0][rows // 3]).all() and not np.isnan(np.delete(large[0], rows // 3, axis=0)).any()
+    if op == "skip+sum":
         np.testing.assert_array_equal(large[1].view(np.uint8), h.view(np.uint8))
