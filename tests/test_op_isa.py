@@ -13,7 +13,7 @@ import pytest
 
 import ort_rmsnorm
 
-ALL_ISAS = ["scalar", "avx2", "avx512", "avx512bf16", "neon"]
+ALL_ISAS = ["scalar", "avx2", "avx512", "avx512bf16", "avx512fp16", "neon"]
 
 # Runs in a fresh process (the kernel set is chosen once per process): fuses nothing, just runs one-node models over
 # every type pair and saves the outputs.

@@ -20,6 +20,9 @@ extern const CpuKernels kAvx512Kernels;
 #ifdef ORT_RMSNORM_HAVE_AVX512_BF16
 extern const CpuKernels kAvx512Bf16Kernels;
 #endif
+#ifdef ORT_RMSNORM_HAVE_AVX512_FP16
+extern const CpuKernels kAvx512Fp16Kernels;
+#endif
 #ifdef ORT_RMSNORM_HAVE_NEON
 extern const CpuKernels kNeonKernels;
 #endif
@@ -30,6 +33,7 @@ struct CpuFeatures {
   bool avx2_fma_f16c = false;
   bool avx512 = false;  // F + BW + VL, with the OS saving ZMM state
   bool avx512_bf16 = false;  // with DQ (vfpclassps) too
+  bool avx512_fp16 = false;  // with BF16 too (every CPU with FP16 has it)
 };
 
 CpuFeatures DetectCpuFeatures() {
@@ -48,9 +52,10 @@ CpuFeatures DetectCpuFeatures() {
   features.avx2_fma_f16c = avx2 && fma && f16c;
   const bool avx512f = ebx & (1u << 16), avx512bw = ebx & (1u << 30), avx512vl = ebx & (1u << 31);
   features.avx512 = features.avx2_fma_f16c && os_saves_zmm && avx512f && avx512bw && avx512vl;
-  const bool avx512dq = ebx & (1u << 17);
+  const bool avx512dq = ebx & (1u << 17), avx512fp16 = edx & (1u << 23);
   if (features.avx512 && avx512dq && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx)) {
     features.avx512_bf16 = eax & (1u << 5);
+    features.avx512_fp16 = features.avx512_bf16 && avx512fp16;
   }
 #endif
   return features;
@@ -70,6 +75,7 @@ const char* CpuIsaName(CpuIsa isa) {
     case CpuIsa::kAvx2: return "avx2";
     case CpuIsa::kAvx512: return "avx512";
     case CpuIsa::kAvx512Bf16: return "avx512bf16";
+    case CpuIsa::kAvx512Fp16: return "avx512fp16";
   }
   return "?";
 }
@@ -102,6 +108,12 @@ const CpuKernels* CpuKernelsFor(CpuIsa isa) {
 #else
       return nullptr;
 #endif
+    case CpuIsa::kAvx512Fp16:
+#ifdef ORT_RMSNORM_HAVE_AVX512_FP16
+      return Features().avx512_fp16 ? &kAvx512Fp16Kernels : nullptr;
+#else
+      return nullptr;
+#endif
   }
   return nullptr;
 }
@@ -120,7 +132,7 @@ const CpuKernels* SelectCpuKernels(const char* requested, const char** error) {
     if (!kernels && error) *error = "the requested instruction set is not supported by this CPU or build";
     return kernels;
   }
-  if (error) *error = "unknown instruction set (expected scalar, neon, avx2, avx512 or avx512bf16)";
+  if (error) *error = "unknown instruction set (expected scalar, neon, avx2, avx512, avx512bf16 or avx512fp16)";
   return nullptr;
 }
 

@@ -1,7 +1,8 @@
-// AVX-512 kernels (16 float lanes). This file is compiled twice (see CMakeLists.txt):
+// AVX-512 kernels (16 float lanes). This file is compiled three times (see CMakeLists.txt):
 //   - with -mavx512f -mavx512bw -mavx512vl                       -> kAvx512Kernels
 //   - with those and -mavx512bf16, ORT_RMSNORM_AVX512_BF16 defined -> kAvx512Bf16Kernels
-// The two differ only in how float32 is rounded to bfloat16.
+//   - with those and -mavx512fp16, ORT_RMSNORM_AVX512_FP16 defined too -> kAvx512Fp16Kernels
+// They differ only in how float32 is rounded to bfloat16 and how SkipRMSNorm adds float16 rows.
 #include <immintrin.h>
 
 #include <type_traits>
@@ -36,6 +37,21 @@ struct Avx512Lanes {
   static F DotSquares(const BFloat16* p, F acc) {
     const __m512bh v = (__m512bh)_mm512_loadu_si512(p);
     return _mm512_dpbf16_ps(acc, v, v);
+  }
+#endif
+
+#ifdef ORT_RMSNORM_AVX512_FP16
+  // SkipRMSNorm's h = round(x + skip) for 16 float16 values, added in float16 (one instruction instead of two
+  // widenings, a float32 add and a narrowing), staged, and returned widened. The same bits as rounding the float32
+  // sum: that sum is exact unless the exponents differ by more than 13, and then it lies too far from any float16
+  // rounding boundary for the second rounding to matter (checked for all 2^32 pairs; only NaN + NaN may return the
+  // other input's payload, which neither path fixes). FP16 arithmetic ignores MXCSR's DAZ/FTZ, as F16C does.
+  template <bool kStreaming>
+  static F StageSum(const Float16* x, const Float16* skip, Float16* stage, Float16* streamed) {
+    const __m256h h = _mm256_add_ph(_mm256_loadu_ph(x), _mm256_loadu_ph(skip));
+    _mm256_storeu_ph(stage, h);
+    if (kStreaming && streamed) _mm256_stream_si256(reinterpret_cast<__m256i*>(streamed), _mm256_castph_si256(h));
+    return _mm512_cvtph_ps(_mm256_castph_si256(h));
   }
 #endif
 
@@ -84,7 +100,9 @@ struct Avx512Lanes {
 
 }  // namespace
 
-#ifdef ORT_RMSNORM_AVX512_BF16
+#if defined(ORT_RMSNORM_AVX512_FP16)
+extern const CpuKernels kAvx512Fp16Kernels = MakeCpuKernels<Avx512Lanes>("avx512fp16");
+#elif defined(ORT_RMSNORM_AVX512_BF16)
 extern const CpuKernels kAvx512Bf16Kernels = MakeCpuKernels<Avx512Lanes>("avx512bf16");
 #else
 extern const CpuKernels kAvx512Kernels = MakeCpuKernels<Avx512Lanes>("avx512");

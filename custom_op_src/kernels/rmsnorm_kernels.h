@@ -48,7 +48,7 @@ using WidenFn = void (*)(const T* src, float* dst, int64_t n);
 
 // The kernels of one instruction set.
 struct CpuKernels {
-  const char* isa;  // "scalar", "avx2", "avx512", "avx512bf16", "neon"
+  const char* isa;  // "scalar", "avx2", "avx512", "avx512bf16", "avx512fp16", "neon"
   RowsFn<float> f32;
   RowsFn<Float16> f16;
   RowsFn<BFloat16> bf16;
@@ -72,9 +72,9 @@ inline WidenFn<Float16> CpuKernels::widen<Float16>() const { return widen_f16; }
 template <>
 inline WidenFn<BFloat16> CpuKernels::widen<BFloat16>() const { return widen_bf16; }
 
-enum class CpuIsa { kScalar, kNeon, kAvx2, kAvx512, kAvx512Bf16 };
-constexpr CpuIsa kAllCpuIsas[] = {CpuIsa::kScalar, CpuIsa::kNeon, CpuIsa::kAvx2, CpuIsa::kAvx512,
-                                  CpuIsa::kAvx512Bf16};
+enum class CpuIsa { kScalar, kNeon, kAvx2, kAvx512, kAvx512Bf16, kAvx512Fp16 };
+constexpr CpuIsa kAllCpuIsas[] = {CpuIsa::kScalar,  CpuIsa::kNeon,       CpuIsa::kAvx2,
+                                  CpuIsa::kAvx512,  CpuIsa::kAvx512Bf16, CpuIsa::kAvx512Fp16};
 
 const char* CpuIsaName(CpuIsa isa);
 

@@ -13,7 +13,10 @@
 //     optionally static void StoreStreamingPair(T*, F, F): two vectors' values as one such store, where the
 //       narrowed halves would otherwise each write half a cache line (see HasStreamingPair);
 //   static void StreamingFence(): orders the streaming stores before later ones (a no-op without them);
-//   static constexpr bool kPipelineRows: whether streaming calls on 16-bit rows are pipelined (NormalizeRowsWith).
+//   static constexpr bool kPipelineRows: whether streaming calls on 16-bit rows are pipelined (NormalizeRowsWith);
+//   optionally, for T where it is cheaper, template <bool kStreaming> static F StageSum(const T* x, const T* skip,
+//     T* stage, T* streamed): SkipRMSNorm's h = round_T(x + skip) for kWidth values, stored to `stage` (and with a
+//     streaming store to `streamed` when kStreaming and it is not null), returned widened (see HasStageSum).
 //
 // Everything is in an anonymous namespace: see scalar_convert.h for why.
 #pragma once
@@ -102,6 +105,15 @@ struct HSink {
   }
 };
 
+// Whether V has StageSum for T (AVX-512 with FP16 adds float16 rows in float16).
+template <class V, typename T, class = void>
+struct HasStageSum : std::false_type {};
+template <class V, typename T>
+struct HasStageSum<V, T,
+                   decltype(static_cast<void>(V::template StageSum<false>(
+                       std::declval<const T*>(), std::declval<const T*>(), std::declval<T*>(), std::declval<T*>())))>
+    : std::true_type {};
+
 // SkipRMSNorm's first-pass row: h = round_T(x + skip), staged to `h` as it is formed. The sum is handed unrounded
 // to both the store (which rounds) and Round, so the compiler computes the rounding once for the two.
 template <class V, bool kStreaming, typename T>
@@ -110,6 +122,9 @@ struct SkipSumRow {
   const T* skip;
   HSink<V, kStreaming, T> h;
   typename V::F Load(int64_t i) const {
+    if constexpr (HasStageSum<V, T>::value) {
+      return V::template StageSum<kStreaming>(x + i, skip + i, h.stage + i, h.streamed ? h.streamed + i : nullptr);
+    }
     const typename V::F sum = V::Add(V::Load(x + i), V::Load(skip + i));
     h.Store(i, sum);
     return V::template Round<T>(sum);
