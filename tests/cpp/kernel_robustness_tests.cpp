@@ -9,12 +9,13 @@
 //               neighbours and the float32 values on either side of it, beyond the largest finite value, NaNs:
 //               bit-exact versus the scalar round-to-nearest-even conversion
 //   widening    SkipRMSNorm's sum = round_T(x + skip) for every 16-bit x, with skip = 0 (exact widening) and with
-//               random skips: bit-exact versus the scalar conversions
+//               random skips: bit-exact versus the scalar conversions; with --all-float16-sums, every float16
+//               pair (x, skip), 2^32 sums, the same bits from every vector instruction set
 //   limits      rows of 1M elements (4096 with --quick) and rows of length 1 with values near the largest and the
 //               smallest (subnormal) values of each type: the result must be the representable one, never inf/0
 //   threads     many threads normalizing disjoint row ranges of one batch: bit-identical to one thread
 //
-//   kernel_robustness_tests [--quick] [--cases N] [--seed S]
+//   kernel_robustness_tests [--quick] [--cases N] [--seed S] [--all-float16-sums]
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
@@ -37,6 +38,7 @@ namespace {
 
 struct Options {
   bool quick = false;
+  bool all_float16_sums = false;
   int cases = -1;  // random shapes per element type: 3000, or 600 with --quick
   uint32_t seed = 20240611;
 };
@@ -356,6 +358,65 @@ void RunExactConversions(const std::vector<const CpuKernels*>& isas, std::mt1993
   }
 }
 
+// Every pair of float16 bit patterns as (x, skip), 2^32 sums: each vector ISA's sum output has the bits of the first
+// vector ISA's (float32 add, F16C rounding; checked against the scalar conversions above), whichever way it adds
+// (the avx512fp16 kernels add in float16). Finite and non-finite skips go in separate rows, so that fewer rows take
+// the double path (a NaN or inf sends its whole row there). About a minute of CPU time: only with --all-float16-sums.
+void RunAllFloat16Sums(const std::vector<const CpuKernels*>& isas) {
+  std::vector<const CpuKernels*> vector_isas;
+  for (const CpuKernels* kernels : isas) {
+    if (std::strcmp(kernels->isa, "scalar") != 0) vector_isas.push_back(kernels);
+  }
+  if (vector_isas.size() < 2) return;
+  std::vector<Float16> finite, special;
+  for (uint32_t bits = 0; bits < 0x10000; ++bits) {
+    const Float16 v{static_cast<uint16_t>(bits)};
+    ((v.bits & 0x7C00) == 0x7C00 ? special : finite).push_back(v);
+  }
+  constexpr int64_t kRows = 64;  // row r of a chunk: x = pattern (chunk + r), skip = each pattern of the group
+  const unsigned workers = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<std::vector<size_t>> wrong(workers, std::vector<size_t>(vector_isas.size(), 0));
+  const auto work = [&](unsigned worker) {
+    const auto is_nan = [](Float16 v) { return (v.bits & 0x7C00) == 0x7C00 && (v.bits & 0x03FF) != 0; };
+    for (const std::vector<Float16>* skips : {&finite, &special}) {
+      const auto cols = static_cast<int64_t>(skips->size());
+      std::vector<Float16> x(kRows * cols), skip(kRows * cols), y(kRows * cols);
+      std::vector<std::vector<Float16>> sums(vector_isas.size(), std::vector<Float16>(kRows * cols));
+      for (int64_t k = 0; k < kRows * cols; ++k) skip[k] = (*skips)[k % cols];
+      for (int64_t chunk = kRows * worker; chunk < 0x10000; chunk += kRows * workers) {
+        for (int64_t r = 0; r < kRows; ++r) {
+          std::fill(x.begin() + r * cols, x.begin() + (r + 1) * cols, Float16{static_cast<uint16_t>(chunk + r)});
+        }
+        for (size_t i = 0; i < vector_isas.size(); ++i) {
+          RowBatch<Float16> batch;
+          batch.x = x.data();
+          batch.skip = skip.data();
+          batch.sum = sums[i].data();
+          batch.y = y.data();
+          batch.cols = cols;
+          vector_isas[i]->get<Float16>()(batch, 0, kRows);
+          if (i == 0 || std::memcmp(sums[i].data(), sums[0].data(), sums[0].size() * sizeof(Float16)) == 0) continue;
+          for (int64_t k = 0; k < kRows * cols; ++k) {
+            const Float16 a = sums[i][k], b = sums[0][k];
+            wrong[worker][i] += a.bits != b.bits && !(is_nan(a) && is_nan(b));  // NaN + NaN: either payload
+          }
+        }
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (unsigned worker = 0; worker < workers; ++worker) threads.emplace_back(work, worker);
+  for (std::thread& thread : threads) thread.join();
+  for (size_t i = 1; i < vector_isas.size(); ++i) {
+    size_t differ = 0;
+    for (const auto& counts : wrong) differ += counts[i];
+    Expect(differ == 0, std::string(vector_isas[i]->isa) + " float16 sum for all 2^32 (x, skip) pairs: " +
+                            std::to_string(differ) + " differ from " + vector_isas[0]->isa);
+  }
+  std::printf("float16 sums of all 2^32 (x, skip) pairs: %zu instruction sets against %s\n",
+              vector_isas.size() - 1, vector_isas[0]->isa);
+}
+
 // ---- limits: huge rows, rows of length 1 ---------------------------------------------------------------------
 
 template <typename T>
@@ -465,6 +526,9 @@ void RunAll(const std::vector<const CpuKernels*>& isas, const Options& options) 
   std::mt19937 rng(options.seed);
   RunRandomCases<T>(isas, options, rng);
   if constexpr (!std::is_same_v<T, float>) RunExactConversions<T>(isas, rng);
+  if constexpr (std::is_same_v<T, Float16>) {
+    if (options.all_float16_sums) RunAllFloat16Sums(isas);
+  }
   RunLimits<T>(isas, options, rng);
   RunThreads<T>(isas, rng);
 }
@@ -476,12 +540,14 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) {
       options.quick = true;
+    } else if (std::strcmp(argv[i], "--all-float16-sums") == 0) {
+      options.all_float16_sums = true;
     } else if (std::strcmp(argv[i], "--cases") == 0 && i + 1 < argc) {
       options.cases = std::atoi(argv[++i]);
     } else if (std::strcmp(argv[i], "--seed") == 0 && i + 1 < argc) {
       options.seed = static_cast<uint32_t>(std::strtoul(argv[++i], nullptr, 10));
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--cases N] [--seed S]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--cases N] [--seed S] [--all-float16-sums]\n", argv[0]);
       return 2;
     }
   }
