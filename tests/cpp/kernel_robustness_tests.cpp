@@ -374,7 +374,7 @@ void RunAllFloat16Sums(const std::vector<const CpuKernels*>& isas) {
     ((v.bits & 0x7C00) == 0x7C00 ? special : finite).push_back(v);
   }
   constexpr int64_t kRows = 64;  // row r of a chunk: x = pattern (chunk + r), skip = each pattern of the group
-  const unsigned workers = std::max(1u, std::thread::hardware_concurrency());
+  const unsigned workers = std::clamp(std::thread::hardware_concurrency(), 1u, 8u);  // 60 MB of buffers each
   std::vector<std::vector<size_t>> wrong(workers, std::vector<size_t>(vector_isas.size(), 0));
   const auto work = [&](unsigned worker) {
     const auto is_nan = [](Float16 v) { return (v.bits & 0x7C00) == 0x7C00 && (v.bits & 0x03FF) != 0; };
