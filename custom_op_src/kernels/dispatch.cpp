@@ -11,20 +11,37 @@
 namespace ort_rmsnorm {
 
 extern const CpuKernels kScalarKernels;
+
+// The kernel tables this build has: the table, or nullptr where its instruction set was not compiled in.
 #ifdef ORT_RMSNORM_HAVE_AVX2
 extern const CpuKernels kAvx2Kernels;
+constexpr const CpuKernels* kBuiltAvx2 = &kAvx2Kernels;
+#else
+constexpr const CpuKernels* kBuiltAvx2 = nullptr;
 #endif
 #ifdef ORT_RMSNORM_HAVE_AVX512
 extern const CpuKernels kAvx512Kernels;
+constexpr const CpuKernels* kBuiltAvx512 = &kAvx512Kernels;
+#else
+constexpr const CpuKernels* kBuiltAvx512 = nullptr;
 #endif
 #ifdef ORT_RMSNORM_HAVE_AVX512_BF16
 extern const CpuKernels kAvx512Bf16Kernels;
+constexpr const CpuKernels* kBuiltAvx512Bf16 = &kAvx512Bf16Kernels;
+#else
+constexpr const CpuKernels* kBuiltAvx512Bf16 = nullptr;
 #endif
 #ifdef ORT_RMSNORM_HAVE_AVX512_FP16
 extern const CpuKernels kAvx512Fp16Kernels;
+constexpr const CpuKernels* kBuiltAvx512Fp16 = &kAvx512Fp16Kernels;
+#else
+constexpr const CpuKernels* kBuiltAvx512Fp16 = nullptr;
 #endif
 #ifdef ORT_RMSNORM_HAVE_NEON
 extern const CpuKernels kNeonKernels;
+constexpr const CpuKernels* kBuiltNeon = &kNeonKernels;
+#else
+constexpr const CpuKernels* kBuiltNeon = nullptr;
 #endif
 
 namespace {
@@ -82,38 +99,12 @@ const char* CpuIsaName(CpuIsa isa) {
 
 const CpuKernels* CpuKernelsFor(CpuIsa isa) {
   switch (isa) {
-    case CpuIsa::kScalar:
-      return &kScalarKernels;
-    case CpuIsa::kNeon:
-#ifdef ORT_RMSNORM_HAVE_NEON
-      return &kNeonKernels;  // Advanced SIMD is mandatory on AArch64
-#else
-      return nullptr;
-#endif
-    case CpuIsa::kAvx2:
-#ifdef ORT_RMSNORM_HAVE_AVX2
-      return Features().avx2_fma_f16c ? &kAvx2Kernels : nullptr;
-#else
-      return nullptr;
-#endif
-    case CpuIsa::kAvx512:
-#ifdef ORT_RMSNORM_HAVE_AVX512
-      return Features().avx512 ? &kAvx512Kernels : nullptr;
-#else
-      return nullptr;
-#endif
-    case CpuIsa::kAvx512Bf16:
-#ifdef ORT_RMSNORM_HAVE_AVX512_BF16
-      return Features().avx512_bf16 ? &kAvx512Bf16Kernels : nullptr;
-#else
-      return nullptr;
-#endif
-    case CpuIsa::kAvx512Fp16:
-#ifdef ORT_RMSNORM_HAVE_AVX512_FP16
-      return Features().avx512_fp16 ? &kAvx512Fp16Kernels : nullptr;
-#else
-      return nullptr;
-#endif
+    case CpuIsa::kScalar: return &kScalarKernels;
+    case CpuIsa::kNeon: return kBuiltNeon;  // Advanced SIMD is mandatory on AArch64
+    case CpuIsa::kAvx2: return Features().avx2_fma_f16c ? kBuiltAvx2 : nullptr;
+    case CpuIsa::kAvx512: return Features().avx512 ? kBuiltAvx512 : nullptr;
+    case CpuIsa::kAvx512Bf16: return Features().avx512_bf16 ? kBuiltAvx512Bf16 : nullptr;
+    case CpuIsa::kAvx512Fp16: return Features().avx512_fp16 ? kBuiltAvx512Fp16 : nullptr;
   }
   return nullptr;
 }

@@ -21,6 +21,7 @@
 // Everything is in an anonymous namespace: see scalar_convert.h for why.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -233,14 +234,12 @@ struct RowScaler {
     int64_t i = begin;
     for (; i + kStep <= n; i += kStep) Step(i);
     for (; i + W <= n; i += W) StoreVector<V, kStreaming>(y + i, At(i));
-    if (i < n) {
-      const int64_t m = n - i;
-      StorePartial<V>(y + i, V::Mul(V::Mul(row.LoadPartial(i, m), factor), LoadPartial<V>(scale + i, m)), m);
-    }
+    if (i < n) StorePartial<V>(y + i, Scaled(row.LoadPartial(i, n - i), LoadPartial<V>(scale + i, n - i)), n - i);
   }
 
  private:
-  F At(int64_t i) const { return V::Mul(V::Mul(row.Load(i), factor), V::Load(scale + i)); }
+  F Scaled(F v, F gain) const { return V::Mul(V::Mul(v, factor), gain); }
+  F At(int64_t i) const { return Scaled(row.Load(i), V::Load(scale + i)); }
 };
 
 // The whole row in double: for rows whose float32 statistic is not trustworthy (see row_statistics.h).
@@ -290,7 +289,7 @@ void NormalizeRowRange(const RowBatch<T>& batch, int64_t begin, int64_t end, con
     summed = false;
     const bool pipelined = kPipelined && r + 1 < end;
     // Prefetched while row r is scaled: the row summed next (r + 1, or r + 2 when r + 1 is summed alongside).
-    const int64_t ahead = r + (pipelined ? 2 : 1) < end ? r + (pipelined ? 2 : 1) : end - 1;
+    const int64_t ahead = std::min(r + (pipelined ? 2 : 1), end - 1);
     const T* const ahead_x = batch.x + ahead * n;
     const NextRow<T> next{ahead_x, batch.skip ? batch.skip + ahead * n : ahead_x};
     T* const y = batch.y + r * n;
