@@ -172,11 +172,10 @@ class CpuNormKernel {
     const int64_t row_bytes = geometry.cols * static_cast<int64_t>(sizeof(T));
     batch.streaming_stores = geometry.rows * row_bytes * (batch.sum ? 2 : 1) >= kStreamingOutputBytes &&
                              row_bytes % 64 == 0 && LineAligned(batch.y) && (!batch.sum || LineAligned(batch.sum));
-    const int64_t bytes_per_row = geometry.cols * tensors_moved * static_cast<int64_t>(sizeof(T));
-    const int64_t task_bytes =
-        batch.streaming_stores
-            ? std::clamp(geometry.rows * bytes_per_row / kStreamingTasks, kMinStreamingTaskBytes, kMaxStreamingTaskBytes)
-            : kTaskBytes;
+    const int64_t bytes_per_row = row_bytes * tensors_moved;
+    const int64_t task_bytes = batch.streaming_stores ? std::clamp(geometry.rows * bytes_per_row / kStreamingTasks,
+                                                                   kMinStreamingTaskBytes, kMaxStreamingTaskBytes)
+                                                      : kTaskBytes;
     ParallelRows(context, geometry.rows, bytes_per_row, task_bytes,
                  [&](int64_t begin, int64_t end) { rows_(batch, begin, end); });
   }
