@@ -91,13 +91,30 @@ def _rms_and_inverse(op, mean_square):
     return rms, inverse
 
 
+def _divided(op, form, numerator, rms, inverse, **outputs):
+    """``numerator`` divided by the rms as ``form`` spells it: x / rms, x * inverse or inverse * x."""
+    if form == "div":
+        return op.Div(numerator, rms, **outputs)
+    return op.Mul(numerator, inverse, **outputs) if form == "mul" else op.Mul(inverse, numerator, **outputs)
+
+
 def _normalized(op, x, rms, inverse):
-    return pattern.OrValue([op.Div(x, rms), op.Mul(x, inverse), op.Mul(inverse, x)], name="normalized")
+    """The value divided by the rms, in any of the three spellings: x itself, or (TorchScript exports of T5-style
+    norms) a second Cast of x's source, bound as ``x_num`` for the check to compare with x's Cast.
+
+    Each choice is a whole node with x in it: the matcher backtracks over whole alternatives only, so a free
+    numerator would let ``Mul(x_num, inverse)`` take a Mul whose other operand merely looks like an inverse (a
+    LayerNorm's ``(x - mean) / std`` as ``Div(one, rms)``) and stop there, never trying the real ``inverse * x``."""
+    x_src = pattern.Var("x_src")
+    numerators = (lambda: x, lambda: op.Cast(x_src, _outputs=["x_num"]))
+    choices = [_divided(op, form, numerator(), rms, inverse) for numerator in numerators for form in DIVISIONS]
+    return pattern.OrValue(choices, name="normalized")
 
 
 # ---- the RMSNorm rule -------------------------------------------------------------------------------------------
 
-FORMS = {"scale_cast": 0, "scale": 1, "scale_swapped": 1, "cast": 2, "div": 3, "mul": 3, "mul_swapped": 3}
+DIVISIONS = ("div", "mul", "mul_swapped")
+FORMS = {"scale_cast": 0, "scale": 1, "scale_swapped": 1, "cast": 2, **{form: 3 for form in DIVISIONS}}
 
 
 class RMSNormFusion(pattern.RewriteRuleClassBase):
@@ -111,17 +128,13 @@ class RMSNormFusion(pattern.RewriteRuleClassBase):
         self._larger = larger  # all rules; those of lower rank are the ones this rule defers to
         self._spec: NormSpec | None = None
 
-    def pattern(self, op, x, x_num, scale):
-        # x: what the statistic is computed from; x_num: what is divided by the rms. The same value, or (TorchScript
-        # exports of T5-style norms) two Casts of one value; the check tells.
+    def pattern(self, op, x, scale):
+        # x: what the statistic is computed from. A pattern's root must be a node, so the division forms take any
+        # numerator (x_num) and leave the comparison with x to the check.
         rms, inverse = _rms_and_inverse(op, _mean_square(op, x))
-        if self.form == "div":
-            return op.Div(x_num, rms, _outputs=["normalized"])
-        if self.form == "mul":
-            return op.Mul(x_num, inverse, _outputs=["normalized"])
-        if self.form == "mul_swapped":
-            return op.Mul(inverse, x_num, _outputs=["normalized"])
-        normalized = _normalized(op, x_num, rms, inverse)
+        if self.form in DIVISIONS:
+            return _divided(op, self.form, pattern.Var("x_num"), rms, inverse, _outputs=["normalized"])
+        normalized = _normalized(op, x, rms, inverse)
         if self.form == "cast":
             return op.Cast(normalized, _outputs=["norm_cast"])
         rounded = pattern.OrValue([op.Cast(normalized, _outputs=["norm_cast"]), normalized])
@@ -134,9 +147,9 @@ class RMSNormFusion(pattern.RewriteRuleClassBase):
         )
         return op.Cast(scaled, _outputs=["out_cast"])
 
-    def check(self, context, x, x_num, scale, **bindings):
+    def check(self, context, x, scale, x_num=None, **bindings):
         session = self._session
-        if not _same_input(x, x_num):  # x / rms(y) is no RMSNorm (e.g. the inner Div(1, rms) of Mul(x, Div(1, rms)))
+        if x_num is not None and not _same_input(x, x_num):  # x / rms(y) is no RMSNorm (e.g. Div(1, rms))
             return pattern.MatchResult().fail("divides another value than the one the rms is computed from")
         try:
             spec = self._analyze(context, x, scale, bindings)

@@ -95,3 +95,20 @@ def test_onnx_opset_upgrade_keeps_names_unique_across_subgraphs():
     assert len(outputs) == len(set(outputs))
     check_model(fused)
     check_case(case, "onnx")
+
+
+def test_scale_after_a_norm_of_a_layernorm_output_is_fused():
+    """An RMSNorm spelled ``Mul(1/rms, x)`` whose input is a LayerNorm's ``(x - mean) / std``: the scale rules' pattern
+    took ``Mul(x_num, inverse)`` first, with the LayerNorm's Div as ``Div(one, rms)``, matched it in full, failed the
+    check, and never tried ``inverse * x``; the core alone was fused and the scale Mul left behind, unreported."""
+    layernorm = Norm(kind="layernorm", spelling=Spelling(eps="constant_node", inverse="div", epsilon=0.0625),
+                     scale="none", center_axes=(-1,))
+    rmsnorm = Norm(spelling=Spelling(eps="constant_node", epsilon=0.0625), scale_shape=(1,), commute=2)
+    case = build(Plan(shape=("B", 8), blocks=(layernorm, rmsnorm)))
+    fused, report = ort_rmsnorm.fuse(case.model)
+
+    (fusion,) = report.fusions
+    assert (fusion.scale, fusion.rule) == ("tensor", "RMSNorm[scale]")
+    assert case.norms[1].scale_mul in fusion.replaced_nodes
+    assert [node.op_type for node in fused.graph.node][-1] == "RMSNorm"
+    check_case(case, "custom")
