@@ -22,12 +22,11 @@ constexpr int64_t kTaskBytes = 64 * 1024;
 // the read + write a copy needs. (Only when every row starts on a cache line, as onnxruntime's allocations and the
 // usual hidden sizes give.)
 constexpr int64_t kStreamingOutputBytes = 8 * 1024 * 1024;
-// Streaming calls are cut into about 64 tasks of 256 KB to 2 MB each: each task starts without a next row in flight
+// Streaming calls are cut into about 64 tasks (of at least 256 KB): each task starts without a next row in flight
 // (the kernels pipeline and prefetch rows only within it) and ends with a fence that drains its streaming stores,
 // which cost 10-25% with rows of 64-128 KB in tasks of one or two rows.
 constexpr int64_t kStreamingTasks = 64;
 constexpr int64_t kMinStreamingTaskBytes = 256 * 1024;
-constexpr int64_t kMaxStreamingTaskBytes = 2 * 1024 * 1024;
 
 bool LineAligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 64 == 0; }
 
@@ -173,9 +172,9 @@ class CpuNormKernel {
     batch.streaming_stores = geometry.rows * row_bytes * (batch.sum ? 2 : 1) >= kStreamingOutputBytes &&
                              row_bytes % 64 == 0 && LineAligned(batch.y) && (!batch.sum || LineAligned(batch.sum));
     const int64_t bytes_per_row = row_bytes * tensors_moved;
-    const int64_t task_bytes = batch.streaming_stores ? std::clamp(geometry.rows * bytes_per_row / kStreamingTasks,
-                                                                   kMinStreamingTaskBytes, kMaxStreamingTaskBytes)
-                                                      : kTaskBytes;
+    const int64_t task_bytes =
+        batch.streaming_stores ? std::max(geometry.rows * bytes_per_row / kStreamingTasks, kMinStreamingTaskBytes)
+                               : kTaskBytes;
     ParallelRows(context, geometry.rows, bytes_per_row, task_bytes,
                  [&](int64_t begin, int64_t end) { rows_(batch, begin, end); });
   }
