@@ -106,8 +106,8 @@ def _normalized(op, x, rms, inverse):
     numerator would let ``Mul(x_num, inverse)`` take a Mul whose other operand merely looks like an inverse (a
     LayerNorm's ``(x - mean) / std`` as ``Div(one, rms)``) and stop there, never trying the real ``inverse * x``."""
     x_src = pattern.Var("x_src")
-    numerators = (lambda: x, lambda: op.Cast(x_src, _outputs=["x_num"]))
-    choices = [_divided(op, form, numerator(), rms, inverse) for numerator in numerators for form in DIVISIONS]
+    choices = [_divided(op, form, x, rms, inverse) for form in DIVISIONS]
+    choices += [_divided(op, form, op.Cast(x_src, _outputs=["x_num"]), rms, inverse) for form in DIVISIONS]
     return pattern.OrValue(choices, name="normalized")
 
 
