@@ -10,8 +10,8 @@
 //       Store does, so that a Store and a Round of one value share the narrowing (SkipSumRow does both);
 //     static void StoreStreaming(T*, F): Store with a non-temporal hint, to an address aligned to the vector's
 //       bytes (a plain Store where the ISA has no such store);
-//     optionally static void StoreStreamingPair(T*, F, F): two vectors' values as one such store, where the
-//       narrowed halves would otherwise each write half a cache line (see HasStreamingPair);
+//     optionally static void StoreStreamingPair(T*, F, F) and StorePair(T*, F, F): two vectors' values as one
+//       streaming or ordinary store, where that is cheaper than two stores of half a cache line (see HasPairStore);
 //   static void StreamingFence(): orders the streaming stores before later ones (a no-op without them);
 //   static constexpr bool kPipelineRows: whether streaming calls on 16-bit rows are pipelined (NormalizeRowsWith);
 //   optionally, for T where it is cheaper, template <bool kStreaming> static F StageSum(const T* x, const T* skip,
@@ -77,13 +77,25 @@ void StoreVector(T* p, typename V::F v) {
   }
 }
 
-// Whether V has StoreStreamingPair for T (AVX-512's 16-bit narrowing gives half a line per vector).
-template <class V, typename T, class = void>
-struct HasStreamingPair : std::false_type {};
+// Whether V stores two vectors of T as one line, with streaming stores (StoreStreamingPair) or without (StorePair):
+// AVX-512's 16-bit narrowing gives half a line per vector.
+template <class V, bool kStreaming, typename T, class = void>
+struct HasPairStore : std::false_type {};
 template <class V, typename T>
-struct HasStreamingPair<V, T,
-                        decltype(V::StoreStreamingPair(std::declval<T*>(), V::Zero(), V::Zero()))>
+struct HasPairStore<V, true, T, decltype(V::StoreStreamingPair(std::declval<T*>(), V::Zero(), V::Zero()))>
     : std::true_type {};
+template <class V, typename T>
+struct HasPairStore<V, false, T, decltype(V::StorePair(std::declval<T*>(), V::Zero(), V::Zero()))>
+    : std::true_type {};
+
+template <class V, bool kStreaming, typename T>
+void StorePairOfVectors(T* p, typename V::F a, typename V::F b) {
+  if constexpr (kStreaming) {
+    V::StoreStreamingPair(p, a, b);
+  } else {
+    V::StorePair(p, a, b);
+  }
+}
 
 // Where the first pass leaves SkipRMSNorm's h = round_T(x + skip): `stage`, cached memory the second pass reads h
 // back from (reading it is cheaper than forming it again: two loads, an add and a rounding, which for 16-bit
@@ -223,8 +235,8 @@ struct RowScaler {
     for (int64_t byte = 0; byte < kStep * static_cast<int64_t>(sizeof(T)); byte += 64) {
       next.Prefetch(i + byte / static_cast<int64_t>(sizeof(T)));
     }
-    if constexpr (kStreaming && HasStreamingPair<V, T>::value) {
-      for (int64_t k = i; k < i + kStep; k += 2 * W) V::StoreStreamingPair(y + k, At(k), At(k + W));
+    if constexpr (HasPairStore<V, kStreaming, T>::value) {
+      for (int64_t k = i; k < i + kStep; k += 2 * W) StorePairOfVectors<V, kStreaming>(y + k, At(k), At(k + W));
     } else {
       for (int64_t k = i; k < i + kStep; k += W) StoreVector<V, kStreaming>(y + k, At(k));
     }

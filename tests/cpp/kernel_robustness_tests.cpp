@@ -7,7 +7,7 @@
 //               tensor (its own index arithmetic, not the kernels' 2-D view)
 //   narrowing   y = round_T(scale) (rows of ones, epsilon 0) for every 16-bit value, every midpoint between
 //               neighbours and the float32 values on either side of it, beyond the largest finite value, NaNs:
-//               bit-exact versus the scalar round-to-nearest-even conversion
+//               bit-exact versus the scalar round-to-nearest-even conversion, with ordinary and streaming stores
 //   widening    SkipRMSNorm's sum = round_T(x + skip) for every 16-bit x, with skip = 0 (exact widening) and with
 //               random skips: bit-exact versus the scalar conversions; with --all-float16-sums, every float16
 //               pair (x, skip), 2^32 sums, the same bits from every vector instruction set
@@ -307,7 +307,10 @@ std::vector<float> NarrowingProbes() {
 
 template <typename T>
 void RunExactConversions(const std::vector<const CpuKernels*>& isas, std::mt19937& rng) {
-  const std::vector<float> probes = NarrowingProbes<T>();
+  // Padded with ones to whole cache lines, so that the row can also be written with streaming stores (which
+  // narrow two vectors at a time on AVX-512).
+  std::vector<float> probes = NarrowingProbes<T>();
+  probes.resize((probes.size() + 31) / 32 * 32, 1.0f);
   const auto cols = static_cast<int64_t>(probes.size());
   // Rows of ones with epsilon 0: the factor is exactly 1, so y = round_T(1 * 1 * scale) = round_T(scale).
   const std::vector<T> ones(probes.size(), FromFloat<T>(1.0f));
@@ -318,26 +321,30 @@ void RunExactConversions(const std::vector<const CpuKernels*>& isas, std::mt1993
 
   for (const CpuKernels* kernels : isas) {
     const std::string name = std::string(kernels->isa) + " " + TypeName<T>();
-    std::vector<T> y(probes.size());
-    RowBatch<T> batch;
-    batch.x = ones.data();
-    batch.y = y.data();
-    batch.scale = probes.data();
-    batch.cols = cols;
-    batch.epsilon = 0.0f;
-    kernels->get<T>()(batch, 0, 1);
-    size_t mismatches = 0, first = 0;
-    for (size_t k = 0; k < probes.size(); ++k) {
-      const T want = FromFloat<T>(probes[k]);
-      const bool ok = std::isnan(probes[k]) ? std::isnan(ToFloat(y[k])) : y[k].bits == want.bits;
-      if (!ok && mismatches++ == 0) first = k;
+    for (bool streaming : {false, true}) {
+      AlignedBuffer<T> y(probes.size());
+      RowBatch<T> batch;
+      batch.x = ones.data();
+      batch.y = y.data();
+      batch.scale = probes.data();
+      batch.cols = cols;
+      batch.epsilon = 0.0f;
+      batch.streaming_stores = streaming;
+      kernels->get<T>()(batch, 0, 1);
+      size_t mismatches = 0, first = 0;
+      for (size_t k = 0; k < probes.size(); ++k) {
+        const T want = FromFloat<T>(probes[k]);
+        const bool ok = std::isnan(probes[k]) ? std::isnan(ToFloat(y[k])) : y[k].bits == want.bits;
+        if (!ok && mismatches++ == 0) first = k;
+      }
+      char detail[128] = "";
+      if (mismatches) {
+        std::snprintf(detail, sizeof detail, ": %zu of %zu differ, first %a -> 0x%04x (want 0x%04x)", mismatches,
+                      probes.size(), probes[first], y[first].bits, FromFloat<T>(probes[first]).bits);
+      }
+      Expect(mismatches == 0, name + (streaming ? " streaming" : "") + " narrowing of " +
+                                  std::to_string(probes.size()) + " probes" + detail);
     }
-    char detail[128] = "";
-    if (mismatches) {
-      std::snprintf(detail, sizeof detail, ": %zu of %zu differ, first %a -> 0x%04x (want 0x%04x)", mismatches,
-                    probes.size(), probes[first], y[first].bits, FromFloat<T>(probes[first]).bits);
-    }
-    Expect(mismatches == 0, name + " narrowing of " + std::to_string(probes.size()) + " probes" + detail);
 
     for (const std::vector<T>* skip : {&zeros, &random_skip}) {
       std::vector<T> sum(patterns.size()), out(patterns.size());

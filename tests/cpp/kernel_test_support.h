@@ -1,8 +1,9 @@
-// Shared by the C++ kernel test programs (no onnxruntime): check counting, the ISAs to test, and comparison with
-// a float64 reference under the contract's tolerance (contract_checks.h).
+// Shared by the C++ kernel test programs (no onnxruntime): check counting, the ISAs to test, comparison with a
+// float64 reference under the contract's tolerance (contract_checks.h), and line-aligned buffers.
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -53,6 +54,22 @@ bool WithinTolerance(double got, double want) {
   if (got == want) return true;
   return std::fabs(got - want) <= SmallestSubnormal<T>() + RelativeTolerance<T>() * std::fabs(want);
 }
+
+// n elements of T at a 64-byte aligned address, as onnxruntime allocates tensors (streaming stores need it).
+template <typename T>
+class AlignedBuffer {
+ public:
+  explicit AlignedBuffer(size_t n) : storage_(n * sizeof(T) + 64) {
+    const auto address = reinterpret_cast<uintptr_t>(storage_.data());
+    data_ = reinterpret_cast<T*>((address + 63) & ~uintptr_t{63});
+  }
+  T* data() { return data_; }
+  T& operator[](size_t i) { return data_[i]; }
+
+ private:
+  std::vector<unsigned char> storage_;
+  T* data_;
+};
 
 bool SameBits(float a, float b) { return FloatBits(a) == FloatBits(b) || (std::isnan(a) && std::isnan(b)); }
 

@@ -61,22 +61,6 @@ void Reference(const Case& c, const std::vector<T>& x, const std::vector<T>& ski
   }
 }
 
-// n elements of T at a 64-byte aligned address, as onnxruntime allocates tensors (streaming stores need it).
-template <typename T>
-class AlignedBuffer {
- public:
-  explicit AlignedBuffer(size_t n) : storage_(n * sizeof(T) + 64) {
-    const auto address = reinterpret_cast<uintptr_t>(storage_.data());
-    data_ = reinterpret_cast<T*>((address + 63) & ~uintptr_t{63});
-  }
-  T* data() { return data_; }
-  T& operator[](size_t i) { return data_[i]; }
-
- private:
-  std::vector<unsigned char> storage_;
-  T* data_;
-};
-
 // Runs `kernels` on one case and compares with the reference (and, when given, with another ISA's output). Rows of
 // whole cache lines are run a second time with streaming stores, which must give the same bits.
 template <typename T>
