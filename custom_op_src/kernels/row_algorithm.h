@@ -57,15 +57,19 @@ void StorePartial(T* p, typename V::F v, int64_t n) {
   std::memcpy(static_cast<void*>(p), buffer, static_cast<size_t>(n) * sizeof(T));
 }
 
+// A row read later is prefetched into L2 while the current one is scaled (see RowScaler), so that its sum of squares
+// finds it there instead of waiting on memory.
+inline void PrefetchToL2(const void* p) { __builtin_prefetch(p, 0, 2); }
+
 // Where a row's values come from, as float32 vectors of values exact in T: the tensor itself (X, or SkipRMSNorm's
-// staged h), or SkipSumRow below.
+// staged h), or SkipSumRow below. Prefetch(i) fetches the line of every input at element i.
 template <class V, typename T>
 struct InputRow {
-  static constexpr int kInputs = 1;  // tensors read per row (see NextRow)
   const T* x;
   typename V::F Load(int64_t i) const { return V::Load(x + i); }
   typename V::F LoadPartial(int64_t i, int64_t m) const { return ort_rmsnorm::LoadPartial<V>(x + i, m); }
   float Value(int64_t i) const { return ToFloat(x[i]); }
+  void Prefetch(int64_t i) const { PrefetchToL2(x + i); }
 };
 
 // Full-vector stores: streaming (non-temporal) ones for large calls, see RowBatch::streaming_stores.
@@ -132,10 +136,13 @@ struct HasStageSum<V, T,
 // to both the store (which rounds) and Round, so the compiler computes the rounding once for the two.
 template <class V, bool kStreaming, typename T>
 struct SkipSumRow {
-  static constexpr int kInputs = 2;
   const T* x;
   const T* skip;
   HSink<V, kStreaming, T> h;
+  void Prefetch(int64_t i) const {
+    PrefetchToL2(x + i);
+    PrefetchToL2(skip + i);
+  }
   typename V::F Load(int64_t i) const {
     if constexpr (HasStageSum<V, T>::value) {
       return V::template StageSum<kStreaming>(x + i, skip + i, h.stage + i, h.streamed ? h.streamed + i : nullptr);
@@ -207,20 +214,9 @@ double SumSquares(const Row row, int64_t n) {
   return SumSquares<V>(row, n, [](int64_t) {});
 }
 
-// The inputs of a row read later (see NormalizeRowRange): X, and skip for SkipRMSNorm, prefetched into L2 while the
-// current row is scaled, so that its sum of squares finds them there instead of waiting on memory. The pointers are
-// always valid (the last row of a task points at itself), which keeps the loop free of branches.
-template <typename T, int kInputs>
-struct NextRow {
-  const T* inputs[kInputs];
-  void Prefetch(int64_t i) const {
-    for (const T* input : inputs) __builtin_prefetch(input + i, 0, 2);
-  }
-};
-
 // y = round_T(row * factor * scale), in SumSquares' steps of four vectors (so that a row can be scaled inside the
-// next row's sum of squares), prefetching the lines of the row read next that correspond to each step.
-template <class V, bool kStreaming, class Row, typename T, class Next>
+// next row's sum of squares), prefetching the lines of the row summed next (`next`) that correspond to each step.
+template <class V, bool kStreaming, class Row, typename T, class NextRow>
 struct RowScaler {
   using F = typename V::F;
   static constexpr int64_t W = V::kWidth;
@@ -229,7 +225,7 @@ struct RowScaler {
   T* y;
   F factor;
   const float* scale;  // never nullptr here: see NormalizeRows
-  Next next;
+  NextRow next;
 
   void Step(int64_t i) const {
     for (int64_t byte = 0; byte < kStep * static_cast<int64_t>(sizeof(T)); byte += 64) {
@@ -294,19 +290,15 @@ const float* OnesRow(int64_t n) {
 template <class V, bool kStreaming, bool kPipelined, typename T, class StatAt, class OutAt>
 void NormalizeRowRange(const RowBatch<T>& batch, int64_t begin, int64_t end, const StatAt& stat, const OutAt& out) {
   const int64_t n = batch.cols;
-  constexpr int kInputs = decltype(stat(begin))::kInputs;
-  using Next = NextRow<T, kInputs>;
   double sum_squares = 0.0;
   bool summed = false;  // row r's sum of squares was formed alongside row r - 1
   for (int64_t r = begin; r < end; ++r) {
     if (!summed) sum_squares = SumSquares<V>(stat(r), n);
     summed = false;
     const bool pipelined = kPipelined && r + 1 < end;
-    // Prefetched while row r is scaled: the row summed next (r + 1, or r + 2 when r + 1 is summed alongside).
-    const int64_t ahead = std::min(r + (pipelined ? 2 : 1), end - 1);
-    const T* const ahead_x = batch.x + ahead * n;
-    Next next{{ahead_x}};
-    if constexpr (kInputs == 2) next.inputs[1] = batch.skip + ahead * n;
+    // Prefetched while row r is scaled: the row summed next (r + 1, or r + 2 when r + 1 is summed alongside); the
+    // last row of a task prefetches itself, which keeps the loop free of branches.
+    const auto next = stat(std::min(r + (pipelined ? 2 : 1), end - 1));
     T* const y = batch.y + r * n;
     const auto row = out(r);
     if (!FastPathIsAccurate(sum_squares, batch.epsilon)) {
@@ -314,7 +306,7 @@ void NormalizeRowRange(const RowBatch<T>& batch, int64_t begin, int64_t end, con
       continue;
     }
     const float factor = static_cast<float>(InverseRms(sum_squares, n, batch.epsilon, batch.eps_outside_sqrt));
-    const RowScaler<V, kStreaming, decltype(row), T, Next> scaler{row, y, V::Set1(factor), batch.scale, next};
+    const RowScaler<V, kStreaming, decltype(row), T, decltype(next)> scaler{row, y, V::Set1(factor), batch.scale, next};
     if (pipelined) {
       sum_squares = SumSquares<V>(stat(r + 1), n, [&](int64_t i) { scaler.Step(i); });
       summed = true;
