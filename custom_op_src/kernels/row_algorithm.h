@@ -29,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "prefetch_order.h"
 #include "rmsnorm_kernels.h"
 #include "row_statistics.h"
 #include "scalar_convert.h"
@@ -215,7 +216,7 @@ double SumSquares(const Row row, int64_t n) {
 }
 
 // y = round_T(row * factor * scale), in SumSquares' steps of four vectors (so that a row can be scaled inside the
-// next row's sum of squares), prefetching the lines of the row summed next (`next`) that correspond to each step.
+// next row's sum of squares), prefetching one step's lines of the row summed next (`next`) per step, in `order`.
 template <class V, bool kStreaming, class Row, typename T, class NextRow>
 struct RowScaler {
   using F = typename V::F;
@@ -226,10 +227,14 @@ struct RowScaler {
   F factor;
   const float* scale;  // never nullptr here: see NormalizeRows
   NextRow next;
+  PrefetchOrder order;  // Order(n)
+
+  static PrefetchOrder Order(int64_t n) { return PrefetchOrder::Of(n * static_cast<int64_t>(sizeof(T)), n / kStep); }
 
   void Step(int64_t i) const {
+    const int64_t at = order.StepAt(i / kStep) * kStep;
     for (int64_t byte = 0; byte < kStep * static_cast<int64_t>(sizeof(T)); byte += 64) {
-      next.Prefetch(i + byte / static_cast<int64_t>(sizeof(T)));
+      next.Prefetch(at + byte / static_cast<int64_t>(sizeof(T)));
     }
     if constexpr (HasPairStore<V, kStreaming, T>::value) {
       for (int64_t k = i; k < i + kStep; k += 2 * W) StorePairOfVectors<V, kStreaming>(y + k, At(k), At(k + W));
@@ -306,7 +311,8 @@ void NormalizeRowRange(const RowBatch<T>& batch, int64_t begin, int64_t end, con
       continue;
     }
     const float factor = static_cast<float>(InverseRms(sum_squares, n, batch.epsilon, batch.eps_outside_sqrt));
-    const RowScaler<V, kStreaming, decltype(row), T, decltype(next)> scaler{row, y, V::Set1(factor), batch.scale, next};
+    using Scaler = RowScaler<V, kStreaming, decltype(row), T, decltype(next)>;
+    const Scaler scaler{row, y, V::Set1(factor), batch.scale, next, Scaler::Order(n)};
     if (pipelined) {
       sum_squares = SumSquares<V>(stat(r + 1), n, [&](int64_t i) { scaler.Step(i); });
       summed = true;

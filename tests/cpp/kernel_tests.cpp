@@ -14,6 +14,7 @@
 
 #include "kernel_test_support.h"
 #include "norm_geometry.h"
+#include "prefetch_order.h"
 
 using namespace ort_rmsnorm;
 
@@ -328,6 +329,43 @@ void TestGeometry() {
   Expect(MakeScaleBroadcast({1, 1, 4}, {2, 3, 4}, &broadcast) && broadcast.rank == 2, "merged leading repeats");
 }
 
+// The prefetch order (prefetch_order.h) only moves time, never results, so its own properties are checked here: each
+// step of a row prefetched exactly once and inside the row, rows of 16 KB or more in parts of at least 8 KB taken
+// side by side, shorter rows in order.
+void TestPrefetchOrder() {
+  for (int64_t row_bytes : {int64_t{64}, int64_t{8192}, int64_t{16383}, int64_t{16384}, int64_t{20480},
+                            int64_t{32768}, int64_t{65536}, int64_t{65536 + 192}, int64_t{1} << 22}) {
+    for (int64_t step_bytes : {128, 256, 512}) {
+      const int64_t steps = row_bytes / step_bytes;
+      const PrefetchOrder order = PrefetchOrder::Of(row_bytes, steps);
+      const std::string what = "prefetch order of " + std::to_string(row_bytes) + " bytes in steps of " +
+                               std::to_string(step_bytes);
+      std::vector<int> seen(static_cast<size_t>(steps), 0);
+      bool inside = true;
+      for (int64_t s = 0; s < steps; ++s) {
+        const int64_t at = order.StepAt(s);
+        inside = inside && at >= 0 && at < steps;
+        if (inside) ++seen[static_cast<size_t>(at)];
+      }
+      bool once = inside;
+      for (int count : seen) once = once && count == 1;
+      Expect(once, what + ": not every step prefetched exactly once inside the row");
+      const int64_t parts = int64_t{1} << order.parts_log2;
+      const int64_t expected_parts = row_bytes >= 4 * PrefetchOrder::kMinPartBytes   ? 4
+                                     : row_bytes >= 2 * PrefetchOrder::kMinPartBytes ? 2
+                                                                                     : 1;
+      Expect(parts == expected_parts, what + ": " + std::to_string(parts) + " parts");
+      if (parts > 1 && order.part_steps > 0) {
+        Expect(order.StepAt(1) == order.part_steps, what + ": the second step is not the second part's first");
+      } else {
+        bool in_order = true;
+        for (int64_t s = 0; s < steps; ++s) in_order = in_order && order.StepAt(s) == s;
+        Expect(in_order, what + ": a row of one part is not prefetched in order");
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -338,6 +376,7 @@ int main(int argc, char** argv) {
   TestWiden<Float16>(isas);
   TestWiden<BFloat16>(isas);
   TestGeometry();
+  TestPrefetchOrder();
   RunMatrix<float>(isas, quick);
   RunMatrix<Float16>(isas, quick);
   RunMatrix<BFloat16>(isas, quick);

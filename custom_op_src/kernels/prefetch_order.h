@@ -1,0 +1,41 @@
+// The order in which the row kernels prefetch the row they sum next (row_algorithm.h, RowScaler::Step), one step
+// of the row loop (kStep elements) at a time.
+//
+// A row of 16 KB or more is prefetched as two or four parts side by side: step s of the row being scaled
+// prefetches step s / parts of part s % parts. One core keeps more lines in flight from memory for several
+// sequential streams than for one: on this project's benchmark machine a plain loop of loads and streaming stores
+// copied 11 GB/s on one thread with one stream and 15-17 GB/s with four to eight, and RMSNorm at 2048 x 16384 on
+// one thread became 12-25% faster (docs/benchmarks.md, "What limits the kernels"). Each part spans at least 8 KB;
+// shorter rows, whose data came from the L3 cache in the benchmark and gained nothing, and the steps past the last
+// whole part are prefetched in order.
+//
+// Internal linkage for the same reason as scalar_convert.h (included by translation units with different flags).
+#pragma once
+
+#include <cstdint>
+
+namespace ort_rmsnorm {
+namespace {
+
+struct PrefetchOrder {
+  static constexpr int kMaxPartsLog2 = 2;
+  static constexpr int64_t kMinPartBytes = 8192;
+  int parts_log2;      // the row is prefetched as 2^parts_log2 parts
+  int64_t part_steps;  // steps per part
+
+  // A row of `row_bytes` bytes, scaled in `steps` whole steps.
+  static PrefetchOrder Of(int64_t row_bytes, int64_t steps) {
+    int log2 = kMaxPartsLog2;
+    while (log2 > 0 && (row_bytes >> log2) < kMinPartBytes) --log2;
+    return {log2, steps >> log2};
+  }
+
+  // The step whose lines are prefetched at step s (a permutation of [0, steps)).
+  int64_t StepAt(int64_t s) const {
+    if (parts_log2 == 0 || s >= part_steps << parts_log2) return s;
+    return (s & ((int64_t{1} << parts_log2) - 1)) * part_steps + (s >> parts_log2);
+  }
+};
+
+}  // namespace
+}  // namespace ort_rmsnorm
