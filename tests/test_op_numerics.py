@@ -236,7 +236,7 @@ def test_library_loads_in_a_default_session():
 @pytest.mark.parametrize("x_dtype", [np.dtype(np.float32), np.dtype(np.float16), TYPE_PAIRS[3][0]], ids=str)
 @pytest.mark.parametrize("op", ["rmsnorm", "skip", "skip+sum"])
 def test_large_outputs_match_small_ones_bit_for_bit(rng, x_dtype, op):
-    """Outputs of several MB are written with streaming stores, in larger tasks, and 16-bit rows are pipelined (each
+    """Outputs of several MB are written with streaming stores, in larger tasks, and rows are pipelined (each
     row scaled inside the next row's sum of squares): every row must have the bits it gets in smaller calls (ordinary
     stores, row by row), a row redone in double (it holds a NaN) among them, and the results match the reference."""
     skip = op != "rmsnorm"

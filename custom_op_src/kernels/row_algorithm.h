@@ -13,7 +13,7 @@
 //     optionally static void StoreStreamingPair(T*, F, F) and StorePair(T*, F, F): two vectors' values as one
 //       streaming or ordinary store, where that is cheaper than two stores of half a cache line (see HasPairStore);
 //   static void StreamingFence(): orders the streaming stores before later ones (a no-op without them);
-//   static constexpr bool kPipelineRows: whether streaming calls on 16-bit rows are pipelined (NormalizeRowsWith);
+//   static constexpr bool kPipelineRows: whether streaming calls are pipelined (NormalizeRowsWith);
 //   optionally, for T where it is cheaper, template <bool kStreaming> static F StageSum(const T* x, const T* skip,
 //     T* stage, T* streamed): SkipRMSNorm's h = round_T(x + skip) for kWidth values, stored to `stage` (and with a
 //     streaming store to `streamed` when kStreaming and it is not null), returned widened (see HasStageSum).
@@ -227,7 +227,7 @@ struct RowScaler {
   F factor;
   const float* scale;  // never nullptr here: see NormalizeRows
   NextRow next;
-  PrefetchOrder order;  // Order(n)
+  PrefetchOrder order;  // in which order next's steps are prefetched: Order(n)
 
   static PrefetchOrder Order(int64_t n) { return PrefetchOrder::Of(n * static_cast<int64_t>(sizeof(T)), n / kStep); }
 
@@ -326,10 +326,10 @@ void NormalizeRowRange(const RowBatch<T>& batch, int64_t begin, int64_t end, con
 template <class V, bool kStreaming, typename T>
 void NormalizeRowsWith(const RowBatch<T>& batch, int64_t begin, int64_t end) {
   const int64_t n = batch.cols;
-  // Pipelining pays where the arithmetic takes as long as the memory traffic, 16-bit rows (their conversions), and
-  // when the rows come from outside L2, which streaming calls imply: float32 rows and rows in L1/L2 were measured
-  // slower with it, and so was the compute-bound scalar code (docs/benchmarks.md, "What limits the kernels").
-  constexpr bool kPipelined = V::kPipelineRows && kStreaming && sizeof(T) == 2;
+  // Pipelining pays when the rows come from outside L2, which streaming calls imply: rows in L1/L2 were measured
+  // slower with it, and so was the compute-bound scalar code. float32 rows, first slower too, gained once the next
+  // row was prefetched in parts (docs/benchmarks.md, "What limits the kernels", items 8 and 17).
+  constexpr bool kPipelined = V::kPipelineRows && kStreaming;
   if (!batch.skip) {
     const auto row = [&](int64_t r) { return InputRow<V, T>{batch.x + r * n}; };
     NormalizeRowRange<V, kStreaming, kPipelined>(batch, begin, end, row, row);

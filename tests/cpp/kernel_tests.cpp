@@ -201,7 +201,7 @@ void RunExtremes(const std::vector<const CpuKernels*>& isas) {
     }
   }
   // NaN and inf propagate through their row only. The row (redone in double) sits between ordinary ones, and its
-  // rows are whole cache lines, so RunCase also runs it with streaming stores, where 16-bit rows are pipelined
+  // rows are whole cache lines, so RunCase also runs it with streaming stores, where rows are pipelined
   // (each scaled inside the next row's sum of squares).
   const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
   for (float special : {nan, inf, -inf}) {
