@@ -13,7 +13,7 @@
 //     optionally static void StoreStreamingPair(T*, F, F) and StorePair(T*, F, F): two vectors' values as one
 //       streaming or ordinary store, where that is cheaper than two stores of half a cache line (see HasPairStore);
 //   static void StreamingFence(): orders the streaming stores before later ones (a no-op without them);
-//   static constexpr bool kPipelineRows: whether streaming calls are pipelined (NormalizeRowsWith);
+//   static constexpr bool kPipelineRows: whether streaming calls may be pipelined (NormalizeRowsWith decides);
 //   optionally, for T where it is cheaper, template <bool kStreaming> static F StageSum(const T* x, const T* skip,
 //     T* stage, T* streamed): SkipRMSNorm's h = round_T(x + skip) for kWidth values, stored to `stage` (and with a
 //     streaming store to `streamed` when kStreaming and it is not null), returned widened (see HasStageSum).
@@ -289,18 +289,19 @@ const float* OnesRow(int64_t n) {
 }
 
 // Rows [begin, end): row r's statistic from `stat(r)`, its output from `out(r)` (a StatRow and an OutRow). Row r is
-// scaled, then row r + 1 summed; `kPipelined` does both in one loop (row r scaled in the steps of row r + 1's sum of
+// scaled, then row r + 1 summed; `pipeline` does both in one loop (row r scaled in the steps of row r + 1's sum of
 // squares) so that row r + 1's loads, from outside the core's caches, overlap row r's arithmetic. The sums and
 // products are the same either way: results are bit-identical.
-template <class V, bool kStreaming, bool kPipelined, typename T, class StatAt, class OutAt>
-void NormalizeRowRange(const RowBatch<T>& batch, int64_t begin, int64_t end, const StatAt& stat, const OutAt& out) {
+template <class V, bool kStreaming, typename T, class StatAt, class OutAt>
+void NormalizeRowRange(const RowBatch<T>& batch, int64_t begin, int64_t end, bool pipeline, const StatAt& stat,
+                       const OutAt& out) {
   const int64_t n = batch.cols;
   double sum_squares = 0.0;
   bool summed = false;  // row r's sum of squares was formed alongside row r - 1
   for (int64_t r = begin; r < end; ++r) {
     if (!summed) sum_squares = SumSquares<V>(stat(r), n);
     summed = false;
-    const bool pipelined = kPipelined && r + 1 < end;
+    const bool pipelined = pipeline && r + 1 < end;
     // Prefetched while row r is scaled: the row summed next (r + 1, or r + 2 when r + 1 is summed alongside); the
     // last row of a task prefetches itself, which keeps the loop free of branches.
     const auto next = stat(std::min(r + (pipelined ? 2 : 1), end - 1));
@@ -327,20 +328,23 @@ template <class V, bool kStreaming, typename T>
 void NormalizeRowsWith(const RowBatch<T>& batch, int64_t begin, int64_t end) {
   const int64_t n = batch.cols;
   // Pipelining pays when the rows come from outside L2, which streaming calls imply: rows in L1/L2 were measured
-  // slower with it, and so was the compute-bound scalar code. float32 rows, first slower too, gained once the next
-  // row was prefetched in parts (docs/benchmarks.md, "What limits the kernels", items 8 and 17).
-  constexpr bool kPipelined = V::kPipelineRows && kStreaming;
+  // slower with it, and so was the compute-bound scalar code. float32 rows gain from 32 KB (H = 8192), once the next
+  // row is prefetched in parts; shorter ones were no faster or slower (docs/benchmarks.md, "What limits the
+  // kernels", items 8 and 17).
+  constexpr int64_t kMinPipelinedFloatRowBytes = 32 * 1024;
+  const bool pipeline = V::kPipelineRows && kStreaming &&
+                        (sizeof(T) == 2 || n * static_cast<int64_t>(sizeof(T)) >= kMinPipelinedFloatRowBytes);
   if (!batch.skip) {
     const auto row = [&](int64_t r) { return InputRow<V, T>{batch.x + r * n}; };
-    NormalizeRowRange<V, kStreaming, kPipelined>(batch, begin, end, row, row);
+    NormalizeRowRange<V, kStreaming>(batch, begin, end, pipeline, row, row);
   } else {
     // SkipRMSNorm stages h in `sum`, else in `y` (its second pass overwrites it in place); with streaming stores
     // neither stays in cache, so in a per-thread scratch row (two when pipelined: row r's h is read while row
     // r + 1's is formed). Every staging target is written at index i only after x[i] and skip[i] were read, so
     // any aliasing onnxruntime chooses (Y over X, sum over skip) is safe.
-    T* const scratch = kStreaming ? ScratchRow<T>(kPipelined ? 2 * n : n) : nullptr;
+    T* const scratch = kStreaming ? ScratchRow<T>(pipeline ? 2 * n : n) : nullptr;
     const auto stage = [&](int64_t r) {
-      if (kStreaming) return scratch + (kPipelined ? (r & 1) * n : 0);
+      if (kStreaming) return scratch + (pipeline ? (r & 1) * n : 0);
       return (batch.sum ? batch.sum : batch.y) + r * n;
     };
     const auto stat = [&](int64_t r) {
@@ -348,7 +352,7 @@ void NormalizeRowsWith(const RowBatch<T>& batch, int64_t begin, int64_t end) {
       return SkipSumRow<V, kStreaming, T>{batch.x + r * n, batch.skip + r * n, {stage(r), sum}};
     };
     const auto out = [&](int64_t r) { return InputRow<V, T>{stage(r)}; };
-    NormalizeRowRange<V, kStreaming, kPipelined>(batch, begin, end, stat, out);
+    NormalizeRowRange<V, kStreaming>(batch, begin, end, pipeline, stat, out);
   }
   if constexpr (kStreaming) V::StreamingFence();  // make the weakly ordered stores visible before the task ends
 }
