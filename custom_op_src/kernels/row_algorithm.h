@@ -296,6 +296,8 @@ template <class V, bool kStreaming, typename T, class StatAt, class OutAt>
 void NormalizeRowRange(const RowBatch<T>& batch, int64_t begin, int64_t end, bool pipeline, const StatAt& stat,
                        const OutAt& out) {
   const int64_t n = batch.cols;
+  using Scaler = RowScaler<V, kStreaming, decltype(out(begin)), T, decltype(stat(begin))>;
+  const PrefetchOrder order = Scaler::Order(n);  // the same for every row
   double sum_squares = 0.0;
   bool summed = false;  // row r's sum of squares was formed alongside row r - 1
   for (int64_t r = begin; r < end; ++r) {
@@ -312,8 +314,7 @@ void NormalizeRowRange(const RowBatch<T>& batch, int64_t begin, int64_t end, boo
       continue;
     }
     const float factor = static_cast<float>(InverseRms(sum_squares, n, batch.epsilon, batch.eps_outside_sqrt));
-    using Scaler = RowScaler<V, kStreaming, decltype(row), T, decltype(next)>;
-    const Scaler scaler{row, y, V::Set1(factor), batch.scale, next, Scaler::Order(n)};
+    const Scaler scaler{row, y, V::Set1(factor), batch.scale, next, order};
     if (pipelined) {
       sum_squares = SumSquares<V>(stat(r + 1), n, [&](int64_t i) { scaler.Step(i); });
       summed = true;
