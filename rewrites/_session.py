@@ -74,7 +74,7 @@ class FusionSession:
 
     def near_miss(self, context, rule: str, error: NotFusable, anchor: ir.Node) -> None:
         """Records why a candidate (identified by ``anchor``, e.g. its reduction) was not fused by ``rule``."""
-        key = (id(anchor), error.reason)
+        key = (anchor, error.reason)
         entry = self._near_misses.get(key)
         if entry is None:
             location = self.location(context.graph_or_function)
@@ -144,12 +144,12 @@ class FusionSession:
         annotations.restore_names()
         annotations.restore_types()  # the rewriter annotates Constant outputs
         _type_function_calls(model, [fused.node for fused in self.fused], self.types)
-        new_values = {id(value) for fused in self.fused for value in _new_values(fused, annotations)}
+        new_values = {value for fused in self.fused for value in _new_values(fused, annotations)}
         taken = {
             value.name
             for graph in graph_likes(model)
             for value in values_of(graph)
-            if value.name and id(value) not in new_values
+            if value.name and value not in new_values
         }
         node_names = _NodeNames(annotations)
         for fused in self.fused:
@@ -164,9 +164,9 @@ class FusionSession:
     def report(self) -> FusionReport:
         report = FusionReport(target=self.target.name, notes=list(self.notes))
         report.fusions = [fused.record for fused in self.fused]
-        removed_by = {id(node): fused.node.name for fused in self.fused for node in (*fused.removed, *fused.matched)}
+        removed_by = {node: fused.node.name for fused in self.fused for node in (*fused.removed, *fused.matched)}
         for miss in self._near_misses.values():
-            fused_as = next((removed_by[id(node)] for node in miss.nodes if id(node) in removed_by), None)
+            fused_as = next((removed_by[node] for node in miss.nodes if node in removed_by), None)
             names = [label(node).strip("'") for node in miss.nodes]
             report.skipped.append(Skipped(miss.location, names, miss.reason, miss.rule, fused_as))
         return report

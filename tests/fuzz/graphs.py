@@ -235,6 +235,7 @@ class Scope:
     main: bool  # may add graph inputs and outputs (branches read main graph inputs from the outer scope)
     inputs_visible: bool  # graph inputs are in scope (not in function bodies)
     norm_outputs: set = dataclasses.field(default_factory=set)  # outputs of Norm blocks built here
+    pending_residual: Optional[ResidualTruth] = None  # the Add the next block here reads, when it is the last block
     counter: itertools.count = dataclasses.field(default_factory=itertools.count)
 
 
@@ -263,7 +264,6 @@ class Builder:
         self._ifs = itertools.count()
         self._calls = itertools.count()
         self._sides = itertools.count()
-        self._pending_residual: dict[int, ResidualTruth] = {}  # id(scope) -> residual Add right before
         self.main = Scope("", "main graph", "initializer", [], [], main=True, inputs_visible=True)
         self.stream = self._graph_input("x", DTYPES[plan.dtype], tuple(plan.shape))
         self.main.values.append(self.stream)
@@ -310,11 +310,12 @@ class Builder:
     def _block(self, scope: Scope, block: Block, x: Value) -> Value:
         index = next(scope.counter)
         prefix = f"{scope.prefix}b{index}/"
-        pending = self._pending_residual.pop(id(scope), None)
+        pending, scope.pending_residual = scope.pending_residual, None
         if isinstance(block, (Norm, Parallel)):
             build_norm = self._norm if isinstance(block, Norm) else self._parallel
             out = build_norm(scope, prefix, block, x)
             if pending is not None:
+                assert pending.add_output == x.name, f"{prefix}: reads {x.name}, not the sum of {pending.add}"
                 pending.next_norms = [norm for norm in self.norms if f"{norm.block}/".startswith(prefix)]
         elif isinstance(block, Residual):
             out = self._residual(scope, prefix, block, x)
@@ -500,7 +501,7 @@ class Builder:
         add = self._merge(scope, g, commute)[-1]
         truth = ResidualTruth(prefix.rstrip("/"), scope.location, add, total, same_shape)
         self.residuals.append(truth)
-        self._pending_residual[id(scope)] = truth
+        scope.pending_residual = truth
         if not same_shape:
             self.kept.append(add)
 

@@ -1,4 +1,5 @@
-"""Bugs the fuzzer found in the pass, each as the minimized model it found (see docs/fuzzing.md for the record)."""
+"""Bugs the fuzzer found in the pass, each as the minimized model it found, and the generator errors that made it
+fail correct models (see docs/fuzzing.md for the record)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import ort_rmsnorm
 from fusion.norm_graphs import Spelling, check_model, run_fused
 from fuzz.checks import all_nodes, check_case
-from fuzz.graphs import Call, IfElse, Norm, Op, Plan, Residual, build
+from fuzz.graphs import Call, IfElse, Norm, Op, Parallel, Plan, Residual, SideChain, build
 
 EPS = Spelling(epsilon=0.0625)
 
@@ -111,4 +112,19 @@ def test_scale_after_a_norm_of_a_layernorm_output_is_fused():
     assert (fusion.scale, fusion.rule) == ("tensor", "RMSNorm[scale]")
     assert case.norms[1].scale_mul in fusion.replaced_nodes
     assert [node.op_type for node in fused.graph.node][-1] == "RMSNorm"
+    check_case(case, "custom")
+
+
+def test_residual_truth_stays_in_its_scope():
+    """Generator error (k): the Add a scope's last block made was remembered under ``id(scope)``. A side chain's
+    scope is freed when the chain is built, and a function body's scope made later may lie at the same address: it
+    then took the side chain's Add as the residual before its own norms, and the check demanded a fusion no model
+    allows (hypothesis saw it once, as a flaky failure: it depends on where objects lie in memory). Each scope now
+    keeps its own Add."""
+    side = SideChain(shape=(8, 8), blocks=(Parallel(first=Norm(spelling=EPS), second=Norm(spelling=EPS)),))
+    blocks = (side, Call(body=(Norm(spelling=EPS),)), Residual(), Norm(spelling=EPS))
+    case = build(Plan(dtype="float16", shape=(3, 8), blocks=blocks))
+
+    readers = {residual.add: [norm.block for norm in residual.next_norms] for residual in case.residuals}
+    assert readers == {"s0/b0/Add_1": [], "b1/Add_1": ["b2"]}
     check_case(case, "custom")
