@@ -9,7 +9,8 @@ Bandwidth counts the bytes a contender must move at least once: X + Y + scale fo
 scale for a skip norm, input + output for a copy. The roofline of a case is the fastest onnxruntime copy of the same
 bytes (see docs/benchmarks.md for why a Gather and a same-type Cast, and not an Identity).
 
-``run_bench(args)`` is ``ort-rmsnorm bench``; ``python -m ort_rmsnorm.bench`` runs it too.
+``ort-rmsnorm bench`` checks the optional dependencies a run needs (ort_rmsnorm.cli), then calls ``run_bench(args)``;
+``python -m ort_rmsnorm.bench`` is that command.
 """
 
 from __future__ import annotations
@@ -1005,9 +1006,10 @@ def run_e2e_bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ort_rmsnorm.bench", description=__doc__.split("\n")[0])
-    add_bench_arguments(parser)
-    return run_bench(parser.parse_args(argv))
+    """``python -m ort_rmsnorm.bench ARGS`` is ``ort-rmsnorm bench ARGS`` (the same checks and error messages)."""
+    from .cli import main as cli_main
+
+    return cli_main(["bench", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

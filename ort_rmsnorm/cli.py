@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import sys
 import time
 from pathlib import Path
@@ -205,7 +206,7 @@ def run_demo(args: argparse.Namespace) -> int:
     for option in ("layers", "hidden", "sequence", "runs"):
         if getattr(args, option) < 1:
             raise UsageError(f"--{option} must be at least 1")
-    if args.builder == "torch" and not demo.torch_available():
+    if args.builder == "torch" and not _installed("torch"):
         raise UsageError("--builder torch: torch is not installed (pip install torch), or use --builder onnx")
     defaults = demo.LlamaConfig()
     if args.hidden % defaults.num_heads:
@@ -254,9 +255,22 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    """Checks the optional dependencies a run needs before it starts (a full run takes minutes)."""
     from .bench import run_bench as run
 
+    if args.e2e and not _installed("torch"):
+        raise UsageError("--e2e exports its model with torch, which is not installed (pip install torch)")
+    if not args.e2e and args.plot != "none" and not _installed("matplotlib"):
+        if args.plot is not None:
+            raise UsageError(f"--plot {args.plot}: matplotlib is not installed (pip install matplotlib), "
+                             "or --plot none")
+        print("no plot: matplotlib is not installed (pip install matplotlib)", file=sys.stderr)
+        args.plot = "none"
     return run(args)
+
+
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
 
 
 COMMANDS = [

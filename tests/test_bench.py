@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import pytest
 
-from ort_rmsnorm import bench
+from ort_rmsnorm import bench, cli
 from ort_rmsnorm.runtime import make_session, run
 from reference import rmsnorm
 
@@ -85,6 +85,48 @@ def test_command_line_writes_json_table_and_plot(tmp_path):
     report = json.loads((out / "cpu.json").read_text())
     assert [m["contender"] for m in report["cases"][0]["measurements"]] == ["copy_cast", "rmsnorm"]
     assert (out / "cpu.md").is_file() and not (out / "cpu.png").exists()
+
+
+TINY_COMMAND = ["--dtypes", "float16", "--hidden", "32", "--rows", "3", "--threads", "1", "--repetitions", "1",
+                "--min-sample-ms", "0", "--contenders", "copy_cast,rmsnorm", "--no-decode"]
+
+
+@pytest.fixture
+def uninstall(monkeypatch):
+    """``uninstall(module)``: the command line sees ``module`` as not installed."""
+    installed = cli._installed
+
+    def uninstall(missing: str) -> None:
+        monkeypatch.setattr(cli, "_installed", lambda module: module != missing and installed(module))
+
+    return uninstall
+
+
+def test_plot_asked_for_without_matplotlib_fails_before_measuring(tmp_path, uninstall, capsys):
+    uninstall("matplotlib")
+    out, plot = tmp_path / "results", tmp_path / "plot.png"
+    assert cli.main(["bench", *TINY_COMMAND, "--out", str(out), "--plot", str(plot)]) == cli.EXIT_USAGE
+    assert capsys.readouterr().err == (
+        f"ort-rmsnorm bench: error: --plot {plot}: matplotlib is not installed (pip install matplotlib), "
+        "or --plot none\n"
+    )
+    assert not out.exists()
+
+
+def test_default_plot_is_left_out_without_matplotlib(tmp_path, uninstall, capsys):
+    """Also: ``python -m ort_rmsnorm.bench`` (bench.main) is the command line's ``bench``."""
+    uninstall("matplotlib")
+    out = tmp_path / "results"
+    assert bench.main([*TINY_COMMAND, "--out", str(out)]) == 0
+    assert "no plot: matplotlib is not installed (pip install matplotlib)" in capsys.readouterr().err
+    assert (out / "cpu.json").is_file() and not (out / "cpu.png").exists()
+
+
+def test_end_to_end_without_torch_fails_before_measuring(tmp_path, uninstall, capsys):
+    uninstall("torch")
+    assert cli.main(["bench", "--e2e", "--out", str(tmp_path / "results")]) == cli.EXIT_USAGE
+    assert "--e2e exports its model with torch, which is not installed (pip install torch)" in capsys.readouterr().err
+    assert not (tmp_path / "results").exists()
 
 
 def test_unknown_contender_is_named():
