@@ -35,8 +35,8 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 from . import OP_DOMAIN, OP_VERSION, build_info
-from .runtime import BFLOAT16, make_session
-from .runtime import to_ort_value
+from .model_io import write_atomically, write_text_atomically
+from .runtime import BFLOAT16, make_session, to_ort_value
 
 DTYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16), "bfloat16": BFLOAT16}
 ONNX_TYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}
@@ -871,27 +871,8 @@ def write_plot(report: dict, path: Path) -> None:
     axes[0][0].legend(fontsize=7)
     figure.suptitle(_machine_line(report["machine"]), fontsize=8)
     figure.tight_layout()
-    _atomic_write(path, lambda tmp: figure.savefig(tmp, dpi=90, format="png"))
+    write_atomically(path, lambda temporary: figure.savefig(temporary, dpi=90, format="png"))
     plt.close(figure)
-
-
-def _atomic_write(path: Path, write: Callable[[str], None]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, tmp = tempfile.mkstemp(prefix=path.name + ".", dir=path.parent)
-    os.close(descriptor)
-    try:
-        write(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual permissions
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
-def write_text(path: Path, text: str) -> None:
-    _atomic_write(path, lambda tmp: Path(tmp).write_text(text))
 
 
 # --- command line -----------------------------------------------------------------------------------------------
@@ -972,9 +953,9 @@ def run_bench(args: argparse.Namespace) -> int:
     plan = plan_from_args(args)
     report = run_plan(plan)
     out = Path(args.out)
-    write_text(out / "cpu.json", json.dumps(report, indent=1))
+    write_text_atomically(out / "cpu.json", json.dumps(report, indent=1))
     tables = markdown_tables(report)
-    write_text(out / "cpu.md", tables)
+    write_text_atomically(out / "cpu.md", tables)
     print(tables)
     if args.plot != "none":
         plot = Path(args.plot) if args.plot else out / "cpu.png"
@@ -997,9 +978,9 @@ def run_e2e_bench(args: argparse.Namespace) -> int:
                                                               prefill_tokens=args.e2e_prefill, threads=args.e2e_threads,
                                                               workdir=args.e2e_keep)}
     out = Path(args.out)
-    write_text(out / "e2e.json", json.dumps(report, indent=1))
+    write_text_atomically(out / "e2e.json", json.dumps(report, indent=1))
     table = _machine_line(report["machine"]) + "\n\n" + bench_e2e.markdown(report)
-    write_text(out / "e2e.md", table)
+    write_text_atomically(out / "e2e.md", table)
     print(table)
     print(f"results: {out / 'e2e.json'}, {out / 'e2e.md'}")
     return 0

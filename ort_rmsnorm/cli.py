@@ -266,11 +266,22 @@ def run_bench(args: argparse.Namespace) -> int:
                              "or --plot none")
         print("no plot: matplotlib is not installed (pip install matplotlib)", file=sys.stderr)
         args.plot = "none"
+    _make_directory("--out", Path(args.out))
+    if not args.e2e and args.plot not in (None, "none"):
+        _make_directory("--plot", Path(args.plot).parent)
     return run(args)
 
 
 def _installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
+
+
+def _make_directory(option: str, directory: Path) -> None:
+    """Where a command writes at its end: made (or refused) before it runs."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UsageError(f"{option}: cannot make the directory {directory}: {error.strerror or error}") from None
 
 
 COMMANDS = [

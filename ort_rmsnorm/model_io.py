@@ -305,23 +305,34 @@ def save_model(
     return output.with_name(data_name) if data_name else None
 
 
-def write_text_atomically(path: str | os.PathLike, text: str, *, protected: Iterable[Path] = ()) -> None:
-    """Writes ``text`` to ``path`` through a temporary file in the same directory and a rename."""
+def write_atomically(path: str | os.PathLike, write: Callable[[Path], None], *,
+                     protected: Iterable[Path] = ()) -> None:
+    """Writes ``path`` with ``write(temporary)``, a file in the same directory renamed to ``path`` once complete: a
+    reader never sees a partial file, and a failure leaves an existing ``path`` as it was. The file gets the
+    permissions a plain open() gives (mkstemp's are 0600)."""
     path = Path(path)
     if not path.parent.is_dir():
         raise ModelFileError(f"{path}: the directory {path.parent} does not exist")
     refuse_overwriting(path, protected, "the input")
     temporary = None
     try:
-        descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
-        with os.fdopen(descriptor, "w", encoding="utf-8") as file:
-            file.write(text)
-            file.flush()
-            os.fsync(file.fileno())
+        descriptor, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
+        os.close(descriptor)
+        temporary = Path(name)
+        write(temporary)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)
+        _fsync(temporary)
         os.replace(temporary, path)
     except OSError as error:
         raise ModelFileError(f"{path}: cannot write: {error.strerror or error}") from None
     finally:
         if temporary is not None:
             with contextlib.suppress(FileNotFoundError):
-                os.remove(temporary)
+                temporary.unlink()
+
+
+def write_text_atomically(path: str | os.PathLike, text: str, *, protected: Iterable[Path] = ()) -> None:
+    """Writes ``text`` (UTF-8) to ``path`` with :func:`write_atomically`."""
+    write_atomically(path, lambda temporary: temporary.write_text(text, encoding="utf-8"), protected=protected)

@@ -2,8 +2,9 @@
 that every contender runs (or is reported as unsupported with a reason), computes what it should, and that the
 table, JSON and plot come out."""
 
-import argparse
 import json
+import os
+import stat
 
 import numpy as np
 import onnx
@@ -74,21 +75,27 @@ def test_outputs_are_written(report, tmp_path):
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_command_line_writes_json_table_and_plot(tmp_path):
-    parser = argparse.ArgumentParser()
-    bench.add_bench_arguments(parser)
-    out = tmp_path / "results"
-    args = parser.parse_args(["--dtypes", "float16", "--hidden", "32", "--rows", "3", "--threads", "1",
-                              "--repetitions", "1", "--min-sample-ms", "0", "--contenders", "copy_cast,rmsnorm",
-                              "--no-decode", "--out", str(out), "--plot", "none"])
-    assert bench.run_bench(args) == 0
+TINY_COMMAND = ["--dtypes", "float16", "--hidden", "32", "--rows", "3", "--threads", "1", "--repetitions", "1",
+                "--min-sample-ms", "0", "--contenders", "copy_cast,rmsnorm", "--no-decode"]
+
+
+def test_command_line_writes_json_and_table(tmp_path):
+    """The output directory is made before the run; every file is written atomically, with the usual permissions."""
+    out = tmp_path / "results" / "run"
+    assert cli.main(["bench", *TINY_COMMAND, "--out", str(out), "--plot", "none"]) == 0
     report = json.loads((out / "cpu.json").read_text())
     assert [m["contender"] for m in report["cases"][0]["measurements"]] == ["copy_cast", "rmsnorm"]
     assert (out / "cpu.md").is_file() and not (out / "cpu.png").exists()
+    assert sorted(path.name for path in out.iterdir()) == ["cpu.json", "cpu.md"]  # no temporary file left
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE((out / "cpu.json").stat().st_mode) == 0o666 & ~umask
 
 
-TINY_COMMAND = ["--dtypes", "float16", "--hidden", "32", "--rows", "3", "--threads", "1", "--repetitions", "1",
-                "--min-sample-ms", "0", "--contenders", "copy_cast,rmsnorm", "--no-decode"]
+def test_unwritable_output_fails_before_measuring(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    assert cli.main(["bench", *TINY_COMMAND, "--out", str(tmp_path / "file" / "results")]) == cli.EXIT_USAGE
+    assert "--out: cannot make the directory" in capsys.readouterr().err
 
 
 @pytest.fixture

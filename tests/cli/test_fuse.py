@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 from collections import Counter
 from pathlib import Path
 
@@ -15,6 +17,12 @@ from ort_rmsnorm import model_io
 from ort_rmsnorm.runtime import make_session, run
 
 FUSED_OPS = {"RMSNorm", "SkipRMSNorm"}
+
+
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
 
 
 def _op_counts(path: Path) -> Counter:
@@ -46,6 +54,8 @@ def test_fuse_writes_model_summary_and_report(cli, digest, small_llama, small_ll
         assert fusion["input_dtype"] == "float32" and fusion["scale_dtype"] == "float32"
         assert fusion["replaced_nodes"] and fusion["node"]
     assert sum(fusion["skip"] for fusion in report["fusions"]) == skips
+    # Both files with the permissions of any new file (the report was 0600: the temporary file's).
+    assert stat.S_IMODE(report_path.stat().st_mode) == stat.S_IMODE(out.stat().st_mode) == 0o666 & ~_umask()
 
     assert f"RMSNorm fusion (target custom): {norms} fused, 0 skipped" in result.stdout
     assert f"wrote {out}, report {report_path}" in result.stdout
