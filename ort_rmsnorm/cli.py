@@ -211,6 +211,8 @@ def run_demo(args: argparse.Namespace) -> int:
     defaults = demo.LlamaConfig()
     if args.hidden % defaults.num_heads:
         raise UsageError(f"--hidden must be a multiple of the {defaults.num_heads} attention heads")
+    if args.keep is not None:
+        _make_directory("--keep", args.keep)
     config = dataclasses.replace(defaults, num_layers=args.layers, hidden_size=args.hidden,
                                  intermediate_size=args.hidden * defaults.intermediate_size // defaults.hidden_size)
     return demo.run_demo(config, dtype=args.dtype, builder=args.builder, sequence=args.sequence, runs=args.runs,
@@ -267,6 +269,8 @@ def run_bench(args: argparse.Namespace) -> int:
         print("no plot: matplotlib is not installed (pip install matplotlib)", file=sys.stderr)
         args.plot = "none"
     _make_directory("--out", Path(args.out))
+    if args.e2e and args.e2e_keep:
+        _make_directory("--e2e-keep", Path(args.e2e_keep))
     if not args.e2e and args.plot not in (None, "none"):
         _make_directory("--plot", Path(args.plot).parent)
     return run(args)

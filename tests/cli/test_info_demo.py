@@ -45,10 +45,16 @@ def test_demo_without_torch(cli, tmp_path):
     assert (tmp_path / "llama.onnx").is_file() and (tmp_path / "llama.fused.onnx").is_file()
 
 
-def test_demo_usage_errors(cli):
+def test_demo_usage_errors(cli, tmp_path):
     result = cli("demo", "--hidden", "60")
     assert result.returncode == 2 and "--hidden must be a multiple of the 8 attention heads" in result.stderr
     assert cli("demo", "--layers", "0").returncode == 2
+    (tmp_path / "file").write_text("")
+    models = tmp_path / "file" / "models"
+    result = cli("demo", "--keep", models)
+    assert (result.returncode, result.stderr) == (
+        2, f"ort-rmsnorm demo: error: --keep: cannot make the directory {models}: Not a directory\n"
+    )
 
 
 @pytest.mark.slow
