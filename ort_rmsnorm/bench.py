@@ -888,6 +888,16 @@ def _positive(text: str) -> int:
     return value
 
 
+def _milliseconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value >= 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds >= 0")
+    return value
+
+
 def _positive_list(text: str) -> list[int]:
     return [_positive(item) for item in text.split(",")]
 
@@ -921,7 +931,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--contenders", type=_choices(CONTENDER_NAMES), default=list(CONTENDER_NAMES),
                         help=f"comma-separated subset of {','.join(CONTENDER_NAMES)}")
     parser.add_argument("--repetitions", type=_positive, help="interleaved repetitions per case (default 11, quick 5)")
-    parser.add_argument("--min-sample-ms", type=float, help="calls per sample are repeated to last this long")
+    parser.add_argument("--min-sample-ms", type=_milliseconds,
+                        help="calls per sample are repeated to last this long (0: one call per sample)")
     parser.add_argument("--decode-hidden", type=_positive, default=4096,
                         help="H of the 1 x H case whose per-node cost is measured without Python (default 4096)")
     parser.add_argument("--profile-runs", type=_positive, help="profiled runs per contender (default 2000, quick 300)")

@@ -136,6 +136,14 @@ def test_end_to_end_without_torch_fails_before_measuring(tmp_path, uninstall, ca
     assert not (tmp_path / "results").exists()
 
 
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "abc"])
+def test_sample_length_is_a_duration(value, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["bench", f"--min-sample-ms={value}"])
+    assert exit_.value.code == cli.EXIT_USAGE
+    assert f"--min-sample-ms: '{value}' is not a number of milliseconds >= 0" in capsys.readouterr().err
+
+
 def test_unknown_contender_is_named():
     plan = bench.Plan(dtypes=["float32"], **{**TINY, "contenders": ["rmsnorm", "layernorm"]})
     with pytest.raises(ValueError, match="layernorm"):
