@@ -138,6 +138,8 @@ def add_fuse_arguments(parser: argparse.ArgumentParser) -> None:
 def run_fuse(args: argparse.Namespace) -> int:
     from . import model_io
 
+    if not args.verify and (args.dim or args.inputs):
+        raise UsageError("--dim and --input only set the inputs of --verify: add --verify, or leave them out")
     verification_inputs = read_verification_inputs(args) if args.verify else None
     model_io.refuse_overwriting(args.destination, [args.source], "the input")
     progress = Progress(args.quiet)
@@ -145,9 +147,14 @@ def run_fuse(args: argparse.Namespace) -> int:
     model = model_io.load_model(args.source)
     protected = [args.source, *model_io.external_data_files(model)]
     # Refuse before the work, not after it (save_model checks again).
-    model_io.check_output_path(args.destination, protected, external_data=model_io.needs_external_data(model))
+    external_data = model_io.needs_external_data(model)
+    model_io.check_output_path(args.destination, protected, external_data=external_data)
     if args.report is not None:
-        model_io.refuse_overwriting(args.report, [*protected, args.destination], "the input or output")
+        outputs = [args.destination]
+        if external_data:
+            outputs.append(args.destination.with_name(model_io.data_file_name(args.destination)))
+        model_io.check_output_path(args.report, [], external_data=False)
+        model_io.refuse_overwriting(args.report, [*protected, *outputs], "the input or output")
 
     progress.stage(f"fusing (target {args.target})")
     from .fusion import fuse_model  # imports onnxscript: after the input checks, which fail fast without it

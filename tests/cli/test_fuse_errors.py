@@ -175,6 +175,15 @@ def test_report_path_equal_to_input_is_refused(cli, digest, small_llama):
     assert digest(small_llama) == before_hash
 
 
+@pytest.mark.parametrize("report", ["absent/report.json", ".", "out.onnx"])
+def test_unwritable_report_path_is_refused_before_the_model_is_written(cli, small_llama, tmp_path, report):
+    """The model was written first and the report's error came after it, leaving an output behind."""
+    before = {entry.name for entry in tmp_path.iterdir()}
+    result = cli("fuse", small_llama, tmp_path / "out.onnx", "--report", tmp_path / report, "--quiet")
+    expected = {"absent/report.json": "does not exist", ".": "is a directory", "out.onnx": "refusing to overwrite"}
+    _assert_clean_failure(result, expected=[expected[report]], directory=tmp_path, before=before)
+
+
 @pytest.mark.parametrize(
     "arguments, message",
     [
@@ -182,6 +191,7 @@ def test_report_path_equal_to_input_is_refused(cli, digest, small_llama):
         (["fuse", "in.onnx", "o.onnx", "--target", "nope"], "argument --target: invalid choice: 'nope'"),
         (["frobnicate"], "ort-rmsnorm: error: argument COMMAND: invalid choice: 'frobnicate'"),
         (["fuse", "in.onnx", "o.onnx", "--verify", "--dim", "batch"], "--dim 'batch': expected NAME=VALUE"),
+        (["fuse", "in.onnx", "o.onnx", "--dim", "batch=2"], "--dim and --input only set the inputs of --verify"),
     ],
 )
 def test_usage_errors_exit_2_with_one_line(cli, tmp_path, arguments, message):
