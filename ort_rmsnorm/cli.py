@@ -76,6 +76,12 @@ def parse_dims(items: Sequence[str]) -> dict[str, int]:
     return dims
 
 
+def _seed(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative integer")
+    return int(text)
+
+
 def add_verify_input_arguments(parser: argparse.ArgumentParser) -> None:
     from .verify import OPTIMIZATION_LEVELS
 
@@ -84,7 +90,7 @@ def add_verify_input_arguments(parser: argparse.ArgumentParser) -> None:
                        help="size of a symbolic input dim (default: batch 2, *past* 0, others 4); repeatable")
     group.add_argument("--input", dest="inputs", action="append", default=[], metavar="NAME=FILE.npy",
                        help="use this array for an input instead of generated values; repeatable")
-    group.add_argument("--seed", type=int, default=0, help="seed of the generated inputs (default 0)")
+    group.add_argument("--seed", type=_seed, default=0, help="seed of the generated inputs (default 0)")
     group.add_argument("--optimization", choices=list(OPTIMIZATION_LEVELS), default="all",
                        help="onnxruntime graph optimizations for both sessions (default all)")
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import math
 import operator
 import os
 from typing import Mapping, Sequence
@@ -111,6 +112,8 @@ class OutputComparison:
         head = f"output '{self.name}' {self.dtype} {list(self.shape)}"
         if self.problem is not None:
             return f"{head}: {verdict}: {self.problem}"
+        if 0 in self.shape:
+            return f"{head}: empty, nothing to compare: {verdict}"
         if self.tolerance is None:
             return f"{head}: equal: {verdict}"
         return (f"{head}: max abs {self.max_abs:.3g}, max rel {self.max_rel:.3g} (tolerance {self.tolerance:.3g}): "
@@ -282,6 +285,30 @@ def _coerce_given(name: str, array: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return array
 
 
+def _gib(size: int) -> str:
+    gib = size / 2**30
+    return f"{gib:,.0f} GiB" if gib >= 1000 else f"{gib:.3g} GiB"
+
+
+def _check_generated_size(inputs: Sequence[ort.NodeArg], shapes: Mapping[str, tuple[int, ...]],
+                          given: Mapping[str, np.ndarray]) -> None:
+    """Refuses inputs that would take more than a quarter of the machine's memory (both models' activations need
+    the rest), before numpy tries to allocate them."""
+    sizes = {node_arg.name: math.prod(shapes[node_arg.name]) * _input_dtype(node_arg).itemsize
+             for node_arg in inputs if node_arg.name not in given}
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows): no limit
+        return
+    if sum(sizes.values()) > memory // 4:
+        largest = max(sizes, key=sizes.get)
+        raise VerifyInputError(
+            f"the generated inputs would take {_gib(sum(sizes.values()))} (input '{largest}' of shape "
+            f"{list(shapes[largest])}: {_gib(sizes[largest])}), more than a quarter of this machine's "
+            f"{_gib(memory)}; choose smaller sizes with --dim"
+        )
+
+
 def make_inputs(
     inputs: Sequence[ort.NodeArg],
     *,
@@ -300,6 +327,7 @@ def make_inputs(
     given = {node_arg.name: _coerce_given(node_arg.name, given[node_arg.name], _input_dtype(node_arg))
              for node_arg in inputs if node_arg.name in given}
     shapes = resolve_shapes(inputs, dims or {}, given)
+    _check_generated_size(inputs, shapes, given)
     rng = np.random.default_rng(seed)
     return {
         node_arg.name: given[node_arg.name]

@@ -147,6 +147,8 @@ def test_given_inputs_bind_their_dims():
         ({"given": {"x": np.ones((2, 9), np.float32)}}, "input 'x': the given array has shape [2, 9]"),
         ({"given": {"x": np.ones((2,), np.float32)}}, "the model expects rank 2"),
         ({"given": {"x": np.ones((2, 8), np.float32)}, "dims": {"batch": 3}}, "dim 0 ('batch') is 2 in the given"),
+        ({"dims": {"batch": 10**14}}, "the generated inputs would take 2,980,232 GiB (input 'x' of shape "
+                                      "[100000000000000, 8]: 2,980,232 GiB), more than a quarter of this machine's"),
     ],
 )
 def test_bad_dims_and_inputs_are_clear_errors(options, message):
@@ -188,6 +190,11 @@ def test_verify_identical_models_passes(cli, small_llama):
     assert "verify: all of 1 outputs match" in result.stdout
 
 
+def test_verify_of_empty_outputs_says_so(cli, small_llama):
+    result = cli("verify", small_llama, small_llama, "--dim", "batch=0")
+    assert result.returncode == 0 and "empty, nothing to compare: ok" in result.stdout, result
+
+
 def test_verify_mismatch_exits_1(cli, small_llama, tmp_path):
     changed = _scaled_copy(small_llama, tmp_path / "changed.onnx", 1.25)
     result = cli("verify", small_llama, changed)
@@ -211,6 +218,8 @@ def test_verify_with_dims_and_input_file(cli, small_llama, tmp_path):
         (["--dim", "nope=3"], "--dim nope: no input has such a dim"),
         (["--dim", "batch=x"], "--dim 'batch=x': the size must be a non-negative integer"),
         (["--input", "input_ids=/nonexistent.npy"], "--input input_ids=/nonexistent.npy: no such file"),
+        (["--seed", "-1"], "argument --seed: '-1' is not a non-negative integer"),
+        (["--dim", "batch=99999999999"], "the generated inputs would take 2,980 GiB"),
     ],
 )
 def test_verify_bad_options_exit_2(cli, small_llama, arguments, message):
