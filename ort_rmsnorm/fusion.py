@@ -23,6 +23,7 @@ from typing import Union, overload
 import onnx
 import onnx_ir as ir
 
+from . import model_io
 from .rewrites import Fusion, FusionReport, Skipped, TypeTable, fuse_model, infer_types, rules
 
 __all__ = ["Fusion", "FusionReport", "Skipped", "TypeTable", "fuse", "fuse_model", "infer_types", "rules"]
@@ -43,8 +44,10 @@ def fuse(model: ModelLike, target: str = "custom", *, allow_opset_upgrade: bool 
 
     Args:
         model: an ``onnx.ModelProto`` (a ModelProto is returned), an ``onnx_ir.Model`` (an ``onnx_ir.Model`` is
-            returned; the input is cloned first, use :func:`fuse_model` to work in place), or a path (loaded with
-            ``onnx.load``, external data included; a ModelProto is returned).
+            returned; the input is cloned first, use :func:`fuse_model` to work in place), or a path (checked and
+            loaded as ``ort-rmsnorm fuse`` does, external data included; a ModelProto is returned). A missing,
+            unreadable, corrupted or invalid file, or missing external data, raises
+            :class:`ort_rmsnorm.model_io.ModelFileError` naming the file.
         target: ``"custom"``, ``"onnx"`` or ``"ort"``.
         allow_opset_upgrade: with ``target="onnx"``, convert a model below opset 23 with onnx's version converter
             (otherwise its norms are reported as skipped).
@@ -57,9 +60,11 @@ def fuse(model: ModelLike, target: str = "custom", *, allow_opset_upgrade: bool 
         copy = model.clone()
         return copy, fuse_model(copy, target, allow_opset_upgrade=allow_opset_upgrade)
     if isinstance(model, (str, os.PathLike)):
-        model = onnx.load(os.fspath(model))
-    if not isinstance(model, onnx.ModelProto):
+        # As `ort-rmsnorm fuse` reads it: a bad file is a ModelFileError that names it.
+        ir_model = ir.external_data.load_to_model(model_io.load_model(model))
+    elif isinstance(model, onnx.ModelProto):
+        ir_model = ir.serde.deserialize_model(model)
+    else:
         raise TypeError(f"fuse() takes an onnx.ModelProto, an onnx_ir.Model or a path, not {type(model).__name__}")
-    ir_model = ir.serde.deserialize_model(model)
     report = fuse_model(ir_model, target, allow_opset_upgrade=allow_opset_upgrade)
     return ir.serde.serialize_model(ir_model), report

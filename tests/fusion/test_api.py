@@ -16,6 +16,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import ort_rmsnorm
+from ort_rmsnorm import model_io
 from fusion.norm_graphs import (
     Spelling,
     assert_close_after_layers,
@@ -57,7 +58,18 @@ def test_path_in_model_proto_out(tmp_path):
     onnx.save(copy, path, save_as_external_data=True, size_threshold=0)
     fused, report = ort_rmsnorm.fuse(path)
     assert isinstance(fused, onnx.ModelProto) and len(report.fusions) == 1
+    assert all(tensor.data_location == onnx.TensorProto.DEFAULT for tensor in fused.graph.initializer)  # loaded
     assert_close_to_unfused(run_fused(fused, case.feeds)[0], run_unfused(case.model, case.feeds)[0])
+
+
+def test_bad_path_is_an_error_naming_the_file(tmp_path):
+    """As `ort-rmsnorm fuse` reports it (it was protobuf's DecodeError, which names no file)."""
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a model")
+    with pytest.raises(model_io.ModelFileError, match=r"bad\.onnx: not a readable ONNX model"):
+        ort_rmsnorm.fuse(bad)
+    with pytest.raises(model_io.ModelFileError, match=r"absent\.onnx: no such file"):
+        ort_rmsnorm.fuse(tmp_path / "absent.onnx")
 
 
 def test_fuse_model_in_place_never_reads_the_weights(tmp_path, monkeypatch, rng):
