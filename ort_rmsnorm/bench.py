@@ -36,7 +36,7 @@ from onnx import TensorProto, helper
 
 from . import OP_DOMAIN, OP_VERSION, build_info
 from .model_io import write_atomically, write_text_atomically
-from .runtime import BFLOAT16, make_session, to_ort_value
+from .runtime import BFLOAT16, make_session, timing_options, to_ort_value
 
 DTYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16), "bfloat16": BFLOAT16}
 ONNX_TYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}
@@ -50,9 +50,6 @@ ISA_ENV = "ORT_RMSNORM_CPU_ISA"
 CHECK_RTOL = {"float32": 1e-4, "float16": 4e-3, "bfloat16": 3e-2}
 CHECKED_ROWS = 64
 
-# Spinning intra-op workers of one session would steal a core from the next contender in the round-robin (each
-# session owns a pool). With this, workers spin during a Run() and stop as soon as it returns.
-SESSION_CONFIG = {"session.force_spinning_stop": "1"}
 
 _STATE = ort.capi.onnxruntime_pybind11_state
 # What onnxruntime raises when it has no kernel for a contender's node or cannot run it.
@@ -353,9 +350,7 @@ def clock_function(name: str) -> Callable[[], int]:
 
 def session_for(contender: Contender, shape: Shape, threads: int, *,
                 profile: str | None = None) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    for key, value in SESSION_CONFIG.items():
-        options.add_session_config_entry(key, value)
+    options = timing_options()  # the contenders' runs take turns
     if profile:
         options.enable_profiling = True
         options.profile_file_prefix = profile

@@ -100,24 +100,10 @@ def _norm_module_nodes(model) -> set[str]:
 
 
 def _profiled_session(path: Path, threads: int | None, prefix: str) -> ort.InferenceSession:
-    options = ort.SessionOptions()
+    options = runtime.timing_options()
     options.enable_profiling = True
     options.profile_file_prefix = prefix
     return runtime.make_session(str(path), threads=threads, options=options)
-
-
-def _interleaved_ms(sessions: list[ort.InferenceSession], feeds: dict[str, np.ndarray], runs: int,
-                    clock: Callable[[], int]) -> list[float]:
-    for session in sessions:
-        runtime.run(session, feeds)  # warm-up
-    samples: list[list[float]] = [[] for _ in sessions]
-    for repetition in range(runs):
-        for offset in range(len(sessions)):
-            index = (repetition + offset) % len(sessions)
-            start = clock()
-            runtime.run(sessions[index], feeds)
-            samples[index].append((clock() - start) * 1e-9)
-    return [statistics.median(s) * 1e3 for s in samples]
 
 
 def _export_and_fuse(config: LlamaConfig, dtype: str, folder: Path) -> tuple[Path, Path, set[str], dict]:
@@ -135,10 +121,15 @@ def _export_and_fuse(config: LlamaConfig, dtype: str, folder: Path) -> tuple[Pat
 def _time_phases(paths: tuple[Path, Path], phases, vocab: int, runs: dict[str, int], threads: int | None,
                  clock: str) -> tuple[str, dict[str, list[float]]]:
     """(the fused model's logits checked against the original's, phase -> [original ms, fused ms])."""
-    sessions = [runtime.make_session(str(path), threads=threads) for path in paths]
+    sessions = [runtime.make_session(str(path), threads=threads, options=runtime.timing_options())
+                for path in paths]
     check = verify.compare("logits", *(runtime.run(s, _feeds(8, vocab))[0] for s in sessions)).describe()
-    times = {phase: _interleaved_ms(sessions, _feeds(tokens, vocab), runs[phase], clock_function(clock))
-             for phase, tokens in phases}
+    times = {
+        phase: [statistics.median(samples) * 1e3
+                for samples in runtime.time_interleaved(sessions, _feeds(tokens, vocab), runs[phase],
+                                                        clock=clock_function(clock))]
+        for phase, tokens in phases
+    }
     return check, times
 
 

@@ -204,20 +204,10 @@ class Timing:
         return statistics.median(self.original) / statistics.median(self.fused)
 
 
-def time_prefill(original: Path, fused: Path, feeds: dict[str, np.ndarray], runs: int, warmup: int = 2) -> Timing:
+def time_prefill(original: Path, fused: Path, feeds: dict[str, np.ndarray], runs: int) -> Timing:
     """Wall time of single runs of each model; both sessions have the same options and the runs alternate."""
-    sessions = [runtime.make_session(str(path)) for path in (original, fused)]
-    for session in sessions:
-        for _ in range(warmup):
-            runtime.run(session, feeds)
-    samples: list[list[float]] = [[], []]
-    for repetition in range(runs):
-        order = (0, 1) if repetition % 2 == 0 else (1, 0)  # neither model always runs first
-        for index in order:
-            start = time.perf_counter()
-            runtime.run(sessions[index], feeds)
-            samples[index].append(time.perf_counter() - start)
-    return Timing(*samples)
+    sessions = [runtime.make_session(str(path), options=runtime.timing_options()) for path in (original, fused)]
+    return Timing(*runtime.time_interleaved(sessions, feeds, runs, warmup=2))
 
 
 def run_demo(

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import pytest
 
-from ort_rmsnorm import bench, cli
+from ort_rmsnorm import bench, cli, runtime
 from ort_rmsnorm.runtime import make_session, run
 from reference import rmsnorm
 
@@ -142,6 +142,25 @@ def test_sample_length_is_a_duration(value, capsys):
         cli.main(["bench", f"--min-sample-ms={value}"])
     assert exit_.value.code == cli.EXIT_USAGE
     assert f"--min-sample-ms: '{value}' is not a number of milliseconds >= 0" in capsys.readouterr().err
+
+
+def test_sessions_take_turns_when_timed_side_by_side():
+    """runtime.time_interleaved (the demo and the end-to-end benchmark): warm-up runs, then turns whose first
+    session rotates; runtime.timing_options stops a session's pool from spinning into the next session's run."""
+    order = []
+
+    class Recorder:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def run_with_ort_values(self, output_names, values):
+            order.append(self.name)
+            return []
+
+    samples = runtime.time_interleaved([Recorder("a"), Recorder("b")], {}, 3, warmup=1)
+    assert order == ["a", "b", "a", "b", "b", "a", "a", "b"]
+    assert [len(times) for times in samples] == [3, 3] and all(t >= 0 for times in samples for t in times)
+    assert runtime.timing_options().get_session_config_entry("session.force_spinning_stop") == "1"
 
 
 def test_unknown_contender_is_named():
