@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import math
 import os
@@ -36,7 +37,7 @@ from onnx import TensorProto, helper
 
 from . import OP_DOMAIN, OP_VERSION, build_info
 from .model_io import write_atomically, write_text_atomically
-from .runtime import BFLOAT16, make_session, timing_options, to_ort_value
+from .runtime import BFLOAT16, make_session, timing_options, to_ort_value, turns
 
 DTYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16), "bfloat16": BFLOAT16}
 ONNX_TYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}
@@ -394,9 +395,8 @@ def _calibrate(runners: list[Runner], min_sample_s: float) -> None:
 def time_round_robin(runners: list[Runner], repetitions: int, min_sample_s: float) -> None:
     """Interleaved repetitions: each repetition samples every runner once, starting one further along each time."""
     _calibrate(runners, min_sample_s)
-    for repetition in range(repetitions):
-        for i in range(len(runners)):
-            runners[(repetition + i) % len(runners)].sample()
+    for index in turns(len(runners), repetitions):
+        runners[index].sample()
 
 
 # --- one case -------------------------------------------------------------------------------------------------
@@ -823,6 +823,11 @@ def _machine_line(machine: dict) -> str:
 
 PLOTTED = ("copy", "rmsnorm", "ort_simplified", "onnx_rmsnorm23", "decomposed", "copy2", "skip_rmsnorm",
            "ort_skip_simplified", "decomposed_skip")
+
+
+def can_plot() -> bool:
+    """Whether :func:`write_plot` can run: it needs matplotlib, an optional dependency (the ``bench`` extra)."""
+    return importlib.util.find_spec("matplotlib") is not None
 
 
 def write_plot(report: dict, path: Path) -> None:

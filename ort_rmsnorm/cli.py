@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import sys
 import time
 from pathlib import Path
@@ -219,7 +218,7 @@ def run_demo(args: argparse.Namespace) -> int:
     for option in ("layers", "hidden", "sequence", "runs"):
         if getattr(args, option) < 1:
             raise UsageError(f"--{option} must be at least 1")
-    if args.builder == "torch" and not _installed("torch"):
+    if args.builder == "torch" and not demo.torch_available():
         raise UsageError("--builder torch: torch is not installed (pip install torch), or use --builder onnx")
     defaults = demo.LlamaConfig()
     if args.hidden % defaults.num_heads:
@@ -271,11 +270,11 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_bench(args: argparse.Namespace) -> int:
     """Checks the optional dependencies a run needs before it starts (a full run takes minutes)."""
-    from .bench import run_bench as run
+    from . import bench, demo
 
-    if args.e2e and not _installed("torch"):
+    if args.e2e and not demo.torch_available():
         raise UsageError("--e2e exports its model with torch, which is not installed (pip install torch)")
-    if not args.e2e and args.plot != "none" and not _installed("matplotlib"):
+    if not args.e2e and args.plot != "none" and not bench.can_plot():
         if args.plot is not None:
             raise UsageError(f"--plot {args.plot}: matplotlib is not installed (pip install matplotlib), "
                              "or --plot none")
@@ -286,11 +285,7 @@ def run_bench(args: argparse.Namespace) -> int:
         _make_directory("--e2e-keep", Path(args.e2e_keep))
     if not args.e2e and args.plot not in (None, "none"):
         _make_directory("--plot", Path(args.plot).parent)
-    return run(args)
-
-
-def _installed(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None
+    return bench.run_bench(args)
 
 
 def _make_directory(option: str, directory: Path) -> None:

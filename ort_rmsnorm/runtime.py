@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import time
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import ml_dtypes
 import numpy as np
@@ -92,10 +92,16 @@ def time_interleaved(sessions: Sequence[ort.InferenceSession], feeds: Mapping[st
         for _ in range(warmup):
             run(session, feeds)
     samples: list[list[float]] = [[] for _ in sessions]
-    for repetition in range(runs):
-        for offset in range(len(sessions)):
-            index = (repetition + offset) % len(sessions)
-            start = clock()
-            run(sessions[index], feeds)
-            samples[index].append((clock() - start) * 1e-9)
+    for index in turns(len(sessions), runs):
+        start = clock()
+        run(sessions[index], feeds)
+        samples[index].append((clock() - start) * 1e-9)
     return samples
+
+
+def turns(count: int, repetitions: int) -> Iterator[int]:
+    """Indices of ``count`` contenders taking turns ``repetitions`` times, the one that goes first rotating (so that
+    none always follows the same other one)."""
+    for repetition in range(repetitions):
+        for offset in range(count):
+            yield (repetition + offset) % count

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import pytest
 
-from ort_rmsnorm import bench, cli, runtime
+from ort_rmsnorm import bench, cli, demo, runtime
 from ort_rmsnorm.runtime import make_session, run
 from reference import rmsnorm
 
@@ -100,13 +100,9 @@ def test_unwritable_output_fails_before_measuring(tmp_path, capsys):
 
 @pytest.fixture
 def uninstall(monkeypatch):
-    """``uninstall(module)``: the command line sees ``module`` as not installed."""
-    installed = cli._installed
-
-    def uninstall(missing: str) -> None:
-        monkeypatch.setattr(cli, "_installed", lambda module: module != missing and installed(module))
-
-    return uninstall
+    """``uninstall("matplotlib" | "torch")``: the command line sees it as not installed."""
+    checks = {"matplotlib": (bench, "can_plot"), "torch": (demo, "torch_available")}
+    return lambda missing: monkeypatch.setattr(*checks[missing], lambda: False)
 
 
 def test_plot_asked_for_without_matplotlib_fails_before_measuring(tmp_path, uninstall, capsys):
