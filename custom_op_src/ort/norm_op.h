@@ -161,8 +161,10 @@ struct NormOp : Ort::CustomOpBase<NormOp<Kernel, K, T, S>, Kernel<K, T, S>, /*Wi
     for (size_t d = 0; d < rank; ++d) {
       if (dims[d] < 0 && (names[d] == nullptr || names[d][0] == '\0')) return nullptr;
     }
-    for (size_t output = 0; output < Sig::kOutputs; ++output) {
-      // Fails only for an omitted optional output, which needs no type.
+    // The context does not say whether the node has the optional `sum`. Where onnxruntime checks the index, setting
+    // an omitted one just fails; before that it would write past the node's outputs, so there only Y gets a shape.
+    const size_t outputs = RuntimeRelease() >= kReleaseCheckingOutputIndex ? Sig::kOutputs : 1;
+    for (size_t output = 0; output < outputs; ++output) {
       if (OrtStatus* status = api.ShapeInferContext_SetOutputTypeShape(context, output, x_info)) api.ReleaseStatus(status);
     }
     return nullptr;

@@ -20,8 +20,15 @@ constexpr int kApiParallelFor = 17;     // KernelContext_ParallelFor
 constexpr int kApiShapeInference = 17;  // OrtCustomOp::InferOutputShapeFn
 constexpr int kApiMayInplace = 18;      // OrtCustomOp::GetMayInplace
 
+// Runtime behaviour that changed without an API version of its own, by release (onnxruntime 1.N).
+// ShapeInferContext_SetOutputTypeShape on an output the node omits: an error status from 1.28, before it an
+// unchecked index (the release builds abort the process).
+constexpr int kReleaseCheckingOutputIndex = 28;
+
 // The API version in use: min(runtime's, ORT_API_VERSION). Set once by RegisterCustomOps.
 int RuntimeApiVersion();
+// N for the running onnxruntime 1.N. Set once by RegisterCustomOps.
+int RuntimeRelease();
 
 template <typename T>
 constexpr ONNXTensorElementDataType kOrtElementType = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;

@@ -1,6 +1,8 @@
 // Library entry point: onnxruntime calls RegisterCustomOps when a session's options load this library.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <string>
 
@@ -11,19 +13,21 @@ namespace ort_rmsnorm {
 namespace {
 
 int g_api_version = 0;
+int g_runtime_release = 0;
 
-// onnxruntime 1.N serves C API version N. Newer runtimes also serve our ORT_API_VERSION; older ones only their own.
-int ApiVersionFor(const char* runtime_version) {
+// N for onnxruntime 1.N; a later major version counts as newer than every 1.N.
+int ReleaseOf(const char* runtime_version) {
   const long major = std::strtol(runtime_version, nullptr, 10);
   const char* dot = std::strchr(runtime_version, '.');
   const long minor = dot ? std::strtol(dot + 1, nullptr, 10) : 0;
-  if (major != 1) return ORT_API_VERSION;
-  return static_cast<int>(minor < ORT_API_VERSION ? minor : ORT_API_VERSION);
+  if (major != 1) return std::numeric_limits<int>::max();
+  return static_cast<int>(std::min<long>(minor, std::numeric_limits<int>::max()));
 }
 
 }  // namespace
 
 int RuntimeApiVersion() { return g_api_version; }
+int RuntimeRelease() { return g_runtime_release; }
 
 }  // namespace ort_rmsnorm
 
@@ -35,7 +39,9 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
   static OrtCustomOpDomain* domain = nullptr;
 
   const char* runtime_version = api_base->GetVersionString();
-  const int api_version = ApiVersionFor(runtime_version);
+  const int release = ReleaseOf(runtime_version);
+  // onnxruntime 1.N serves C API version N; newer runtimes also serve our ORT_API_VERSION, older ones only their own.
+  const int api_version = std::min(release, ORT_API_VERSION);
   const OrtApi* api = api_base->GetApi(api_version);
   if (api == nullptr) {  // a runtime older than its own version string claims; every runtime serves version 1
     const OrtApi* v1 = api_base->GetApi(1);
@@ -50,6 +56,7 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
 
   std::call_once(once, [&] {
     g_api_version = api_version;
+    g_runtime_release = release;
     Ort::InitApi(api);
     const char* requested_isa = std::getenv("ORT_RMSNORM_CPU_ISA");
     const char* isa_error = nullptr;
