@@ -20,11 +20,20 @@ TYPE_PAIRS = [
 ]
 
 
-def _initializer(name: str, array: np.ndarray) -> onnx.TensorProto:
+def tensor_proto(name: str, array) -> onnx.TensorProto:
+    """numpy_helper.from_array, also for bfloat16 arrays (which onnx < 1.19 does not take)."""
     array = np.asarray(array)
     if array.dtype == BFLOAT16:
         return helper.make_tensor(name, TensorProto.BFLOAT16, array.shape, array.view(np.uint16).tobytes(), raw=True)
     return numpy_helper.from_array(array, name)
+
+
+def tensor_array(tensor: onnx.TensorProto) -> np.ndarray:
+    """numpy_helper.to_array, with bfloat16 as ml_dtypes' bfloat16 (onnx < 1.19 returns a structured uint16)."""
+    if tensor.data_type != TensorProto.BFLOAT16:
+        return numpy_helper.to_array(tensor)
+    bits = np.frombuffer(tensor.raw_data, np.uint16) if tensor.HasField("raw_data") else np.array(tensor.int32_data, np.uint16)
+    return bits.view(BFLOAT16).reshape(tuple(tensor.dims))
 
 
 def norm_model(
@@ -49,7 +58,7 @@ def norm_model(
         inputs.append(helper.make_tensor_value_info("skip", x_type, list(x_shape) if x_shape is not None else None))
         node_inputs.append("skip")
     if constant_scale is not None:
-        initializers.append(_initializer("scale", constant_scale))
+        initializers.append(tensor_proto("scale", constant_scale))
         node_inputs.append("scale")
     elif scale_shape is not None:
         inputs.append(helper.make_tensor_value_info("scale", ONNX_TYPE[np.dtype(scale_dtype)], list(scale_shape)))

@@ -14,9 +14,10 @@ import ml_dtypes
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from ort_rmsnorm.runtime import make_session, run
+from op_models import tensor_array, tensor_proto
 from reference import assert_matches_reference, random_array, rmsnorm
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
@@ -53,7 +54,7 @@ class GraphBuilder:
         """A constant as an initializer or a Constant node."""
         array = np.asarray(array)
         name = self.name("c")
-        tensor = numpy_helper.from_array(array, name)
+        tensor = tensor_proto(name, array)
         if (kind or self.constants) == "initializer":
             self.initializers.append(tensor)
         else:
@@ -267,10 +268,10 @@ def scale_array(model: onnx.ModelProto, name: str) -> np.ndarray:
     """The value of a constant input of the fused node (initializer or Constant node)."""
     for tensor in model.graph.initializer:
         if tensor.name == name:
-            return numpy_helper.to_array(tensor)
+            return tensor_array(tensor)
     for node in model.graph.node:
         if node.op_type == "Constant" and node.output[0] == name:
-            return numpy_helper.to_array(node.attribute[0].t)
+            return tensor_array(node.attribute[0].t)
     raise AssertionError(f"scale {name} is not a constant of the fused model")
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 
 import ort_rmsnorm
@@ -24,6 +25,7 @@ from fusion.norm_graphs import (
 )
 
 OPS = {"onnx": "RMSNormalization", "ort": "SimplifiedLayerNormalization"}
+ORT_RELEASE = tuple(int(part) for part in ort.__version__.split(".")[:2])
 STATIC = {"shape": (2, 3, 8), "run_shape": (2, 3, 8)}
 
 EXPRESSIBLE = {
@@ -71,6 +73,8 @@ def test_target_fuses_exactly(target, name):
     assert sorted(n.op_type for n in fused.graph.node) == sorted(
         ["Identity", "Shape", OPS[target]] + ["Constant"] * new_constant
     )
+    if target == "ort" and spelling.dtype == "bfloat16" and ORT_RELEASE < (1, 30):
+        pytest.skip(f"onnxruntime {ort.__version__} has no bfloat16 SimplifiedLayerNormalization CPU kernel (1.30 has)")
     check_model(fused, ort_default_ops=target == "ort")
     fused_out = run_fused(fused, case.feeds)
     if spelling.dtype != "bfloat16":
