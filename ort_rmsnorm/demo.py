@@ -162,7 +162,10 @@ def build_llama_onnx(config: LlamaConfig, dtype: str = "float32", seed: int = 0)
         [helper.make_tensor_value_info("logits", ONNX_TYPES[dtype], ["batch", "sequence", config.vocab_size])],
         builder.initializers,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="ort-rmsnorm demo")
+    opsets = [helper.make_opsetid("", OPSET)]
+    # The oldest IR version the opset allows (not onnx's newest), so that older onnxruntime releases load the model.
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=helper.find_min_ir_version_for(opsets),
+                              producer_name="ort-rmsnorm demo")
     onnx.checker.check_model(model, full_check=True)
     return model
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import time
 
+import onnx
 import onnxruntime
 import pytest
 
@@ -43,6 +44,11 @@ def test_demo_without_torch(cli, tmp_path):
     assert "verify: all of 1 outputs match" in result.stdout
     assert all(value > 0 for value in _timings(result.stdout))
     assert (tmp_path / "llama.onnx").is_file() and (tmp_path / "llama.fused.onnx").is_file()
+    # The oldest IR version its opset allows, not onnx's newest: onnxruntime 1.20 reads IR 10 at most.
+    for name in ("llama.onnx", "llama.fused.onnx"):
+        model = onnx.load(tmp_path / name, load_external_data=False)
+        default = [opset for opset in model.opset_import if opset.domain == ""]
+        assert model.ir_version == onnx.helper.find_min_ir_version_for(default) <= 10, name
 
 
 def test_demo_usage_errors(cli, tmp_path):
