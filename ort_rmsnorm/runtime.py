@@ -52,9 +52,10 @@ def to_ort_value(array: np.ndarray) -> ort.OrtValue:
 def to_numpy(value: ort.OrtValue) -> np.ndarray:
     """A numpy copy of a CPU OrtValue; bfloat16 as ml_dtypes.bfloat16."""
     if value.data_type() == "tensor(bfloat16)":
-        size = value.tensor_size_in_bytes()
+        shape = value.shape()
+        size = 2 * int(np.prod(shape, dtype=np.int64))  # (OrtValue.tensor_size_in_bytes needs onnxruntime 1.21)
         raw = (ctypes.c_uint8 * size).from_address(value.data_ptr()) if size else b""
-        return np.frombuffer(raw, np.uint16).copy().reshape(value.shape()).view(BFLOAT16)
+        return np.frombuffer(raw, np.uint16).copy().reshape(shape).view(BFLOAT16)
     # A copy: when a graph output is a graph input, onnxruntime returns the input's OrtValue, whose numpy view would
     # share (and outlive) the caller's feed array.
     return np.array(value.numpy(), copy=True)
