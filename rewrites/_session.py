@@ -152,9 +152,18 @@ class FusionSession:
             if value.name and value not in new_values
         }
         node_names = _NodeNames(annotations)
+        # Before IR 10 a function body has no value_info: onnx_ir writes its types into the main graph under names it
+        # cannot read back when they contain "/", so a second run would drop them. There the values the pass makes
+        # in functions stay unannotated, as the rest of the body is.
+        unannotated = set() if model.ir_version >= 10 else {
+            graph for function in model.functions.values() for graph in _graphs_of(function)
+        }
         for fused in self.fused:
             node_names.give(fused.node, fused.node.name)
             _finish_outputs(fused, taken, annotations, node_names)
+            if fused.node.graph in unannotated:
+                for value in _new_values(fused, annotations):
+                    value.type, value.shape = None, None
             fused.record.node = fused.node.name
             replaced = fused.matched + [node for node in fused.removed if node not in fused.matched]
             fused.record.replaced_nodes = [label(node).strip("'") for node in replaced]
@@ -228,9 +237,9 @@ def _type_function_calls(model: ir.Model, emitted: list[ir.Node], types: TypeTab
     operator without an ONNX schema there (ours, or SimplifiedLayerNormalization for onnx.checker) leaves them
     untyped, so that ops reading them fail type inference. The outputs of calls to a function that now holds a fused
     node keep the types and shapes inferred before (written as value_info)."""
-    in_graph = {id(node.graph) for node in emitted}
+    in_graph = {node.graph for node in emitted}
     for function in model.functions.values():
-        if not in_graph & {id(function.graph), *(id(subgraph) for subgraph in function.subgraphs())}:
+        if not in_graph & _graphs_of(function):
             continue
         for _, call in call_sites(model, function):
             for value in call.outputs:
@@ -239,6 +248,11 @@ def _type_function_calls(model: ir.Model, emitted: list[ir.Node], types: TypeTab
                     value.dtype = dtype
                 if shape is not None:
                     value.shape = shape
+
+
+def _graphs_of(function: ir.Function) -> set[ir.Graph]:
+    """The function's body and every subgraph in it."""
+    return {function.graph, *function.subgraphs()}
 
 
 def _restore_topological_order(skip_nodes: list[ir.Node]) -> None:

@@ -1,8 +1,9 @@
 """The operators the pass can emit, and what each can express exactly.
 
 ``custom``: ``ort_rmsnorm.RMSNorm`` / ``SkipRMSNorm`` (this package's library): everything the rules recognize.
-``onnx``: ONNX ``RMSNormalization`` (opset 23): epsilon inside the sqrt, scale of X's type (a ones scale is added
-when the graph has none), no residual op; onnxruntime has no bfloat16 CPU kernel for it, so bfloat16 is skipped.
+``onnx``: ONNX ``RMSNormalization`` (opset 23): epsilon inside the sqrt, scale of X's type with one element per
+normalized element (a ones scale is added when the graph has none, a constant one that broadcasts is expanded), no
+residual op; onnxruntime has no bfloat16 CPU kernel for it, so bfloat16 is skipped.
 ``ort``: onnxruntime's ``SimplifiedLayerNormalization`` (registered in the default domain) and
 ``com.microsoft.SkipSimplifiedLayerNormalization``: epsilon inside the sqrt, scale of X's type; the residual op only
 normalizes the last axis of a rank-2 or rank-3 input and needs a 1-D gamma of the hidden size.
@@ -15,7 +16,7 @@ import dataclasses
 import numpy as np
 import onnx_ir as ir
 
-from ._facts import NotFusable, TypeTable, constant_array, dtype_name, format_shape, static_dims
+from ._facts import NotFusable, TypeTable, constant_array, dtype_name, format_shape, same_shape, static_dims
 
 OP_DOMAIN = "ort_rmsnorm"
 OP_VERSION = 1
@@ -125,7 +126,28 @@ class _StandardLikeTarget(Target):
     def adapt(self, spec, graph_like, model, types):
         if spec.eps_placement == "outside_sqrt":
             raise NotFusable(f"epsilon is added outside the sqrt: {self.norm_op} adds it inside")
-        return dataclasses.replace(spec, scale=self._scale_of_x_type(spec, types))
+        scale = self._scale_of_x_type(spec, types)
+        return dataclasses.replace(spec, scale=self._scale_per_normalized_element(spec, scale, types))
+
+    def _scale_per_normalized_element(self, spec: NormSpec, scale: Scale, types: TypeTable) -> Scale:
+        """onnxruntime before 1.24 does not broadcast these ops' scale: it needs one element per normalized element
+        (else "Size of scale ... must match"). A scale that broadcasts is expanded to the normalized dims when it is
+        a constant and they are static; otherwise the norm is not fused."""
+        normalized = list(spec.x_shape.dims[spec.axis :]) if spec.x_shape is not None else None
+        shape = ir.Shape(scale.constant.shape) if scale.value is None else types.shape(scale.value)
+        if normalized is not None and shape is not None and shape.rank() >= len(normalized):
+            if same_shape(ir.Shape(list(shape.dims)[shape.rank() - len(normalized) :]), ir.Shape(normalized)):
+                return scale  # the leading dims beyond the normalized ones are 1 (checked by the rule)
+        dims = static_dims(normalized) if normalized is not None else None
+        array = scale.constant if scale.value is None else constant_array(scale.value, types)
+        if dims is None or array is None:
+            raise NotFusable(
+                f"the scale of shape {format_shape(shape)} broadcasts onto the normalized dims of X "
+                f"{format_shape(spec.x_shape)}: {self.norm_op} needs one scale element per normalized element "
+                "(onnxruntime before 1.24), and the scale is computed at run time or the dims are not static"
+            )
+        expanded = np.broadcast_to(array.reshape(array.shape[max(0, array.ndim - len(dims)) :]), dims).copy()
+        return Scale(None, expanded, f"{scale.form}, broadcast to {format_shape(ir.Shape(list(dims)))}", scale.dtype)
 
     def emit(self, op, spec, name):
         # RMSNormalization and SimplifiedLayerNormalization share inputs and attributes (default domain both).

@@ -1,9 +1,10 @@
-"""One-node models using our ops, for the operator tests."""
+"""One-node models using our ops, for the operator tests, and the tensor and model helpers every test builds with."""
 
 from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from reference import BFLOAT16
@@ -34,6 +35,18 @@ def tensor_array(tensor: onnx.TensorProto) -> np.ndarray:
         return numpy_helper.to_array(tensor)
     bits = np.frombuffer(tensor.raw_data, np.uint16) if tensor.HasField("raw_data") else np.array(tensor.int32_data, np.uint16)
     return bits.view(BFLOAT16).reshape(tuple(tensor.dims))
+
+
+ORT_RELEASE = tuple(int(part) for part in ort.__version__.split(".")[:2])
+"""(1, N) of the installed onnxruntime: tests of what older releases cannot run skip below the release that can."""
+
+
+def make_model(graph: onnx.GraphProto, opset_imports, **kwargs) -> onnx.ModelProto:
+    """helper.make_model stating the oldest IR version its default-domain opset allows, as exporters do, rather than
+    the installed onnx's newest, which older onnxruntime releases refuse (IR 11 needs onnxruntime 1.23)."""
+    default = [opset for opset in opset_imports if opset.domain in ("", "ai.onnx")]
+    return helper.make_model(graph, opset_imports=opset_imports, ir_version=helper.find_min_ir_version_for(default),
+                             **kwargs)
 
 
 def norm_model(
@@ -73,6 +86,4 @@ def norm_model(
         **(attributes or {}),
     )
     graph = helper.make_graph([node], "norm", inputs, outputs, initializer=initializers)
-    return helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ort_rmsnorm", 1)], ir_version=9
-    )
+    return make_model(graph, [helper.make_opsetid("", 17), helper.make_opsetid("ort_rmsnorm", 1)])

@@ -17,6 +17,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from op_models import make_model
+
 LAYERS = 4
 # Peak memory of the big run over the small run's, as a share of the weights' size.
 MAX_EXTRA_MEMORY_SHARE = 0.25
@@ -86,7 +88,7 @@ def write_residual_model(folder: Path, hidden: int, layers: int = LAYERS) -> tup
         initializers,
     )
     path = folder / "model.onnx"
-    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+    onnx.save_model(make_model(graph, [helper.make_opsetid("", 18)]), path)
     return path, size
 
 

@@ -11,6 +11,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from ort_rmsnorm import model_io
+from op_models import make_model
 
 
 def _assert_clean_failure(result, *, expected: list[str], directory: Path, before: set[str]) -> None:
@@ -95,7 +96,7 @@ def test_model_rejected_by_the_checker(cli, digest, tmp_path):
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
     graph = helper.make_graph([helper.make_node("Relu", ["undefined"], ["y"], name="relu0")], "g", [x], [y])
     invalid = tmp_path / "invalid.onnx"
-    invalid.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString())
+    invalid.write_bytes(make_model(graph, [helper.make_opsetid("", 18)]).SerializeToString())
     before_hash = digest(invalid)
     result = cli("fuse", invalid, tmp_path / "out.onnx")
     _assert_clean_failure(result, expected=["invalid.onnx", "invalid ONNX model", "undefined"], directory=tmp_path,

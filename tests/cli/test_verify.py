@@ -10,6 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ort_rmsnorm import verify
 from ort_rmsnorm.runtime import make_session
+from op_models import make_model
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 UNIT_ROUNDOFF = {np.dtype(np.float32): 2.0**-24, np.dtype(np.float16): 2.0**-11, BFLOAT16: 2.0**-8}
@@ -82,7 +83,7 @@ def _model(inputs, output_dtype=TensorProto.FLOAT):
     infos = [helper.make_tensor_value_info(name, elem, shape) for name, elem, shape in inputs]
     y = helper.make_tensor_value_info("y", output_dtype, None)
     graph = helper.make_graph([helper.make_node("Identity", [inputs[0][0]], ["y"])], "g", infos, [y])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    return make_model(graph, [helper.make_opsetid("", 18)])
 
 
 def _feeds(model, **options):

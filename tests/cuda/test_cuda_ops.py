@@ -17,6 +17,7 @@ from onnx import TensorProto, helper
 
 import ort_rmsnorm
 from ort_rmsnorm import runtime
+from op_models import make_model
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 ONNX_TYPES = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16,
@@ -51,7 +52,7 @@ def _model(op: str, x_shape, dtype, *, scale=None, scale_shape=None, scale_dtype
         node_outputs.append("sum")
     node = helper.make_node(op, node_inputs, node_outputs, domain=ort_rmsnorm.OP_DOMAIN, name=name, **attributes)
     graph = helper.make_graph([node], "g", inputs, outputs, initializer=initializers)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+    return make_model(graph, [helper.make_opsetid("", 17),
                                                    helper.make_opsetid(ort_rmsnorm.OP_DOMAIN, 1)])
 
 

@@ -17,7 +17,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 from ort_rmsnorm.runtime import make_session, run
-from op_models import tensor_array, tensor_proto
+from op_models import make_model, tensor_array, tensor_proto
 from reference import assert_matches_reference, random_array, rmsnorm
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
@@ -246,7 +246,7 @@ def norm_model(s: Spelling, seed: int = 0) -> NormCase:
         ],
         g.initializers,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", s.opset)])
+    model = make_model(graph, [helper.make_opsetid("", s.opset)])
     return NormCase(model, s, applied, feeds)
 
 

@@ -18,6 +18,7 @@ from fusion.norm_graphs import (
     run_fused,
     run_unfused,
 )
+from op_models import make_model
 from reference import random_array
 
 D = 8
@@ -34,7 +35,7 @@ def _norm_body(prefix: str, x: str, spelling: Spelling = Spelling()) -> tuple[Gr
 def _model(nodes, inputs, outputs, functions=()) -> onnx.ModelProto:
     graph = helper.make_graph(nodes, "main", inputs, outputs)
     opsets = [helper.make_opsetid("", 18)] + [helper.make_opsetid("local", 1)] * bool(functions)
-    return helper.make_model(graph, opset_imports=opsets, functions=list(functions))
+    return make_model(graph, opsets, functions=list(functions))
 
 
 def _value(name, dims, elem=FLOAT):
@@ -104,7 +105,7 @@ def scan_model() -> onnx.ModelProto:
 
 def function_model(second_shape=("B", D)) -> onnx.ModelProto:
     """A model-local function local::Norm called on two inputs (shapes from the call sites)."""
-    body, y = _norm_body("f_", "fx")
+    body, y = _norm_body("f/", "fx")  # names with "/", as exporters write them
     function = helper.make_function(
         "local",
         "Norm",
@@ -160,9 +161,11 @@ def test_norm_in_subgraph(name, rng):
     assert again == fused and second.fusions == []
 
 
+@pytest.mark.parametrize("ir_version", [8, 10])
 @pytest.mark.parametrize("second_shape", [("B", D), (4, D)], ids=["same-shapes", "merged-shapes"])
-def test_norm_in_function(second_shape, rng):
+def test_norm_in_function(second_shape, ir_version, rng):
     model = function_model(second_shape)
+    model.ir_version = ir_version
     fused, report = ort_rmsnorm.fuse(model)
 
     assert [fusion.location for fusion in report.fusions] == ["function 'local::Norm'"]
@@ -174,6 +177,13 @@ def test_norm_in_function(second_shape, rng):
     feeds = {"x1": random_array(rng, (3, D), np.float32), "x2": random_array(rng, (4, D), np.float32)}
     for got, want in zip(run_fused(fused, feeds), run_unfused(model, feeds)):
         assert_close_to_unfused(got, want)
+    # The fused output is annotated where IR 10 keeps a function's value_info; below it, onnx_ir would write it into
+    # the main graph under a name it cannot read back (it has "/"), and a second run would change the model.
+    fused_output = function.node[1].output[0]
+    assert [info.name for info in function.value_info] == ([fused_output] if ir_version >= 10 else [])
+    assert not [info.name for info in fused.graph.value_info if "::" in info.name]
+    again, second = ort_rmsnorm.fuse(fused)
+    assert again == fused and second.fusions == []
 
 
 def test_function_without_call_sites_has_no_shapes():

@@ -23,6 +23,7 @@ from fusion.norm_graphs import (
     run_fused,
     run_unfused,
 )
+from op_models import make_model
 from reference import random_array
 
 STATIC = {"shape": (2, 3, 8), "run_shape": (2, 3, 8)}
@@ -102,7 +103,7 @@ def _norm_with_extra_output(op_type: str, as_graph_output: bool) -> onnx.ModelPr
     graph = helper.make_graph(
         g.nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "S", 8])], outputs, g.initializers
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    return make_model(graph, [helper.make_opsetid("", 18)])
 
 
 @pytest.mark.parametrize("op_type", ["ReduceMean", "Add", "Sqrt", "Reciprocal"])
@@ -134,7 +135,7 @@ def test_normalized_value_used_elsewhere_fuses_without_the_scale(rng):
         [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["B", "S", 8]) for name in (scaled, "other")],
         g.initializers,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model = make_model(graph, [helper.make_opsetid("", 18)])
     fused, report = ort_rmsnorm.fuse(model)
     (node,) = fused_nodes(fused, "RMSNorm")
     assert len(node.input) == 1 and [n.op_type for n in fused.graph.node] == ["RMSNorm", "Mul", "Neg"]
@@ -164,7 +165,7 @@ def _centered_norm(center_axes, cast: bool) -> onnx.ModelProto:
         [helper.make_tensor_value_info(y, TensorProto.FLOAT, [2, 3, 8])],
         g.initializers,
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    return make_model(graph, [helper.make_opsetid("", 18)])
 
 
 @pytest.mark.parametrize("cast", [False, True], ids=["float32", "float16-upcast"])
@@ -202,7 +203,7 @@ def test_lossy_input_cast_is_not_skipped_over(rng):
         [helper.make_tensor_value_info(y, TensorProto.FLOAT, ["B", 8])],
         g.initializers,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model = make_model(graph, [helper.make_opsetid("", 18)])
     fused, report = ort_rmsnorm.fuse(model)
     (node,) = fused_nodes(fused, "RMSNorm")
     assert node.input[0] == half and [n.op_type for n in fused.graph.node] == ["Cast", "RMSNorm", "Cast"]

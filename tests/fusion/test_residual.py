@@ -23,6 +23,7 @@ from fusion.norm_graphs import (
     run_fused,
     run_unfused,
 )
+from op_models import make_model
 from reference import assert_matches_reference, random_array, rmsnorm
 
 D = 8
@@ -58,7 +59,7 @@ def residual_model(
     if not bias:
         inputs.append(helper.make_tensor_value_info("b", ONNX_TYPES[dtype], shape))
     graph = helper.make_graph(g.nodes, "g", inputs, outputs, g.initializers)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    return make_model(graph, [helper.make_opsetid("", 18)])
 
 
 def _feeds(model, rng, run_shape=(2, 3, D)):
@@ -150,7 +151,7 @@ def test_add_before_an_already_fused_norm(rng):
         [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["B", D]) for name in "ab"],
         [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["B", D]) for name in "yz"],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("ort_rmsnorm", 1)])
+    model = make_model(graph, [helper.make_opsetid("", 18), helper.make_opsetid("ort_rmsnorm", 1)])
     fused, report = ort_rmsnorm.fuse(model)
     (skip,) = fused_nodes(fused, "SkipRMSNorm")
     assert list(skip.input) == ["a", "b"] and list(skip.output) == ["y", "h"]
@@ -181,7 +182,7 @@ def llama_block(dtype=np.float32, upcast=False, layers=2, hidden=D) -> onnx.Mode
         [helper.make_tensor_value_info(y, ONNX_TYPES[dtype], ["B", "S", hidden])],
         g.initializers,
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    return make_model(graph, [helper.make_opsetid("", 18)])
 
 
 @pytest.mark.parametrize("target", ["custom", "ort"])
@@ -257,7 +258,7 @@ def test_residual_through_a_no_op_cast(rng):
         [helper.make_tensor_value_info("next_residual", TensorProto.FLOAT, ["B", "S", D])],
         g.initializers,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = make_model(graph, [helper.make_opsetid("", 17)])
     fused, report = ort_rmsnorm.fuse(model)
     assert [n.op_type for n in fused.graph.node] == ["SkipRMSNorm", "Cast", "Add"]
     (skip,) = fused_nodes(fused, "SkipRMSNorm")

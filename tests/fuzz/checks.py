@@ -106,7 +106,10 @@ def expressible(truth: NormTruth, target: str, opset: int) -> bool:
     if not has_operator(truth, target, opset):
         return False
     if truth.norm.scale != "none" and truth.scale_fused:
-        return truth.scale_dtype == truth.x_dtype
+        # One scale element per normalized element: a constant scale that broadcasts is expanded to static dims.
+        constant = truth.norm.scale != "one_plus_runtime"
+        per_element = truth.scale_per_element or (constant and truth.static_normalized)
+        return truth.scale_dtype == truth.x_dtype and per_element
     return truth.static_normalized  # a ones scale is added: its dims must be known
 
 

@@ -18,6 +18,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from fusion.norm_graphs import DTYPES, ONNX_TYPES, GraphBuilder, Spelling, _reduce, add_norm
+from op_models import make_model
 from reference import random_array
 
 FLOAT32 = np.dtype(np.float32)
@@ -171,6 +172,7 @@ class NormTruth:
     x_dtype: np.dtype  # the fused op's X
     x_is_input: bool  # X is the value the block reads (so a residual Add before it can fuse)
     static_normalized: bool
+    scale_per_element: bool  # the scale's shape, as the graph states it, ends in the normalized dims (no broadcast)
     scale_dtype: Optional[np.dtype]
     scale_form: str  # what the report's ``scale`` says for a full fusion
     fuses: bool  # the norm is fused (with the custom target)
@@ -281,7 +283,7 @@ class Builder:
         opsets = [helper.make_opsetid("", self.plan.opset)]
         if self.functions:
             opsets.append(helper.make_opsetid("local", 1))
-        model = helper.make_model(graph, opset_imports=opsets, functions=self.functions)
+        model = make_model(graph, opsets, functions=self.functions)
         if self.plan.shared_constants:
             _share_initializers(model.graph)
         _declare_output_shapes(model)
@@ -438,6 +440,8 @@ class Builder:
                 x_dtype=x_dtype,
                 x_is_input=not (ends_in_float32 or norm.island or centered),
                 static_normalized=all(isinstance(dim, int) for dim in x.shape[rank - spelling.normalized :]),
+                scale_per_element=tuple(scale_shape[-spelling.normalized :]) == tuple(x.shape[rank - spelling.normalized :])
+                and len(scale_shape) >= spelling.normalized,
                 scale_dtype=scale_dtype if norm.scale != "none" else None,
                 scale_form={
                     "none": "none",
