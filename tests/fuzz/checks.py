@@ -98,18 +98,24 @@ def has_operator(truth: NormTruth, target: str, opset: int) -> bool:
     return target != "onnx" or (opset >= 23 and truth.x_dtype != BFLOAT16)
 
 
+def takes_scale(truth: NormTruth, target: str) -> bool:
+    """Whether ``target``'s operator can read the norm's scale: ``onnx`` and ``ort`` need one scale element per
+    normalized element, so a scale that broadcasts must be a constant over static dims (it is then expanded)."""
+    if target == "custom" or truth.norm.scale == "none" or not truth.scale_fused:
+        return True
+    constant = truth.norm.scale != "one_plus_runtime"
+    return truth.scale_per_element or (constant and truth.static_normalized)
+
+
 def expressible(truth: NormTruth, target: str, opset: int) -> bool:
     """Whether ``target``'s operator expresses the whole norm: then it must fuse it. Where it does not, the norm may
     be fused in part or skipped, and must be in the report either way."""
     if target == "custom":
         return True
-    if not has_operator(truth, target, opset):
+    if not has_operator(truth, target, opset) or not takes_scale(truth, target):
         return False
     if truth.norm.scale != "none" and truth.scale_fused:
-        # One scale element per normalized element: a constant scale that broadcasts is expanded to static dims.
-        constant = truth.norm.scale != "one_plus_runtime"
-        per_element = truth.scale_per_element or (constant and truth.static_normalized)
-        return truth.scale_dtype == truth.x_dtype and per_element
+        return truth.scale_dtype == truth.x_dtype
     return truth.static_normalized  # a ones scale is added: its dims must be known
 
 
@@ -211,8 +217,9 @@ def _check_norm(truth: NormTruth, fusion, report, owner, nodes, target: str, ops
     entries = [entry for entry in report.skipped if any(owner.get(name) is truth for name in entry.nodes)]
     reasons = [entry.reason for entry in entries]
     # What a fused norm leaves out (a scale varying along batch axes) is reported where the target could have taken
-    # it; where it has no operator for the norm's type, the report may give that reason instead.
-    if truth.reason is not None and not (truth.fuses and not has_operator(truth, target, opset)):
+    # it; where it has no operator for the norm's type or cannot read its scale, the report may give that reason.
+    target_falls_short = not (has_operator(truth, target, opset) and takes_scale(truth, target))
+    if truth.reason is not None and not (truth.fuses and target_falls_short):
         assert any(truth.reason in reason for reason in reasons), f"{truth.block} ({truth.norm.kind}): {reasons}"
     if not truth.fuses:
         assert fusion is None
