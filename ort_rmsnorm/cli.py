@@ -155,9 +155,7 @@ def run_fuse(args: argparse.Namespace) -> int:
     external_data = model_io.needs_external_data(model)
     model_io.check_output_path(args.destination, protected, external_data=external_data)
     if args.report is not None:
-        outputs = [args.destination]
-        if external_data:
-            outputs.append(args.destination.with_name(model_io.data_file_name(args.destination)))
+        outputs = model_io.output_files(args.destination, external_data=external_data)
         model_io.check_output_path(args.report, [], external_data=False)
         model_io.refuse_overwriting(args.report, [*protected, *outputs], "the input or output")
 

@@ -204,9 +204,14 @@ def check_output_path(output: str | os.PathLike, protected: Iterable[str | os.Pa
     if output.is_dir():
         raise ModelFileError(f"{output}: is a directory")
     protected = list(protected)
-    refuse_overwriting(output, protected, "the input")
-    if external_data:
-        refuse_overwriting(output.with_name(data_file_name(output)), protected, "the input")
+    for path in output_files(output, external_data=external_data):
+        refuse_overwriting(path, protected, "the input")
+
+
+def output_files(output: str | os.PathLike, *, external_data: bool) -> list[Path]:
+    """The files saving a model to ``output`` writes: the model, and its data file with external data."""
+    output = Path(output)
+    return [output, output.with_name(data_file_name(output))] if external_data else [output]
 
 
 def _fsync(path: Path) -> None:

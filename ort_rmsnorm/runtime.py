@@ -53,7 +53,7 @@ def to_numpy(value: ort.OrtValue) -> np.ndarray:
     """A numpy copy of a CPU OrtValue; bfloat16 as ml_dtypes.bfloat16."""
     if value.data_type() == "tensor(bfloat16)":
         shape = value.shape()
-        size = 2 * int(np.prod(shape, dtype=np.int64))  # (OrtValue.tensor_size_in_bytes needs onnxruntime 1.21)
+        size = BFLOAT16.itemsize * int(np.prod(shape, dtype=np.int64))  # (tensor_size_in_bytes: onnxruntime 1.21)
         raw = (ctypes.c_uint8 * size).from_address(value.data_ptr()) if size else b""
         return np.frombuffer(raw, np.uint16).copy().reshape(shape).view(BFLOAT16)
     # A copy: when a graph output is a graph input, onnxruntime returns the input's OrtValue, whose numpy view would

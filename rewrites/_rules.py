@@ -48,7 +48,7 @@ from ._facts import (
     trailing_axis,
 )
 from ._session import FusionSession, fused_node_name
-from ._targets import MS_DOMAIN, OP_DOMAIN, OP_VERSION, NormSpec, Scale, require_domain_version
+from ._targets import MS_DOMAIN, OP_DOMAIN, OP_VERSION, NormSpec, Scale, expand_scale, require_domain_version
 
 # ---- sub-patterns -----------------------------------------------------------------------------------------------
 
@@ -494,7 +494,7 @@ class SkipFusion(pattern.RewriteRuleClassBase):
                 f"{format_shape(gamma_shape)} on an input of shape {format_shape(shape)}",
                 norm,
             )
-        return np.broadcast_to(array.reshape(-1), size).copy()
+        return expand_scale(array, size)
 
 
 # ---- the rule set -----------------------------------------------------------------------------------------------

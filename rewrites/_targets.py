@@ -74,6 +74,12 @@ def scale_input(op, scale: Scale | None, node_name: str) -> ir.Value | None:
     return op.Constant(value=ir.tensor(scale.constant, name=f"{node_name}/scale"), _outputs=[f"{node_name}/scale"])
 
 
+def expand_scale(array: np.ndarray, dims: tuple[int, ...]) -> np.ndarray:
+    """A constant scale that broadcasts onto ``dims`` (right-aligned; dims beyond them are 1), with one element per
+    element of ``dims``."""
+    return np.broadcast_to(array.reshape(array.shape[max(0, array.ndim - len(dims)) :]), dims).copy()
+
+
 def _imported_version(domain: str, graph_like: ir.Graph | ir.Function, model: ir.Model) -> int | None:
     if isinstance(graph_like, ir.Function) and domain in graph_like.opset_imports:
         return graph_like.opset_imports[domain]
@@ -146,7 +152,7 @@ class _StandardLikeTarget(Target):
                 f"{format_shape(spec.x_shape)}: {self.norm_op} needs one scale element per normalized element "
                 "(onnxruntime before 1.24), and the scale is computed at run time or the dims are not static"
             )
-        expanded = np.broadcast_to(array.reshape(array.shape[max(0, array.ndim - len(dims)) :]), dims).copy()
+        expanded = expand_scale(array, dims)
         return Scale(None, expanded, f"{scale.form}, broadcast to {format_shape(ir.Shape(list(dims)))}", scale.dtype)
 
     def emit(self, op, spec, name):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from reference import BFLOAT16
@@ -33,12 +34,23 @@ def tensor_array(tensor: onnx.TensorProto) -> np.ndarray:
     """numpy_helper.to_array, with bfloat16 as ml_dtypes' bfloat16 (onnx < 1.19 returns a structured uint16)."""
     if tensor.data_type != TensorProto.BFLOAT16:
         return numpy_helper.to_array(tensor)
-    bits = np.frombuffer(tensor.raw_data, np.uint16) if tensor.HasField("raw_data") else np.array(tensor.int32_data, np.uint16)
+    if tensor.HasField("raw_data"):
+        bits = np.frombuffer(tensor.raw_data, np.uint16)
+    else:
+        bits = np.array(tensor.int32_data, np.uint16)
     return bits.view(BFLOAT16).reshape(tuple(tensor.dims))
 
 
 ORT_RELEASE = tuple(int(part) for part in ort.__version__.split(".")[:2])
-"""(1, N) of the installed onnxruntime: tests of what older releases cannot run skip below the release that can."""
+
+
+def skip_unless_runtime_runs(target: str, dtype: str = "float32") -> None:
+    """Skips the rest of a test when the installed onnxruntime cannot run what the pass emits for ``target``:
+    opset 23 (the onnx target) from 1.23, bfloat16 SimplifiedLayerNormalization on CPU from 1.30 (docs/fusion.md)."""
+    if target == "onnx" and ORT_RELEASE < (1, 23):
+        pytest.skip(f"onnxruntime {ort.__version__} does not run opset 23 (1.23 does)")
+    if target == "ort" and dtype == "bfloat16" and ORT_RELEASE < (1, 30):
+        pytest.skip(f"onnxruntime {ort.__version__} has no bfloat16 SimplifiedLayerNormalization CPU kernel (1.30 has)")
 
 
 def make_model(graph: onnx.GraphProto, opset_imports, **kwargs) -> onnx.ModelProto:

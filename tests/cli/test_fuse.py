@@ -15,7 +15,7 @@ import pytest
 
 from ort_rmsnorm import model_io
 from ort_rmsnorm.runtime import make_session, run
-from op_models import ORT_RELEASE, make_model
+from op_models import make_model, skip_unless_runtime_runs
 
 FUSED_OPS = {"RMSNorm", "SkipRMSNorm"}
 
@@ -95,8 +95,7 @@ def test_fuse_verify_bad_input_file_fails_before_fusing(cli, small_llama, tmp_pa
 @pytest.mark.parametrize("target, ops", [("ort", {"SimplifiedLayerNormalization"}),
                                          ("onnx", {"RMSNormalization"})])
 def test_fuse_other_targets(cli, small_llama, small_llama_config, tmp_path, target, ops):
-    if target == "onnx" and ORT_RELEASE < (1, 23):
-        pytest.skip(f"--verify: onnxruntime {ort.__version__} does not run opset 23 (1.23 does)")
+    skip_unless_runtime_runs(target)  # --verify runs the output
     out = tmp_path / "fused.onnx"
     arguments = ["--convert-opset"] if target == "onnx" else []
     result = cli("fuse", small_llama, out, "--target", target, *arguments, "--verify", "--quiet")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 
 import ort_rmsnorm
@@ -23,7 +22,7 @@ from fusion.norm_graphs import (
     run_unfused,
     scale_array,
 )
-from op_models import ORT_RELEASE
+from op_models import skip_unless_runtime_runs
 
 OPS = {"onnx": "RMSNormalization", "ort": "SimplifiedLayerNormalization"}
 STATIC = {"shape": (2, 3, 8), "run_shape": (2, 3, 8)}
@@ -40,12 +39,6 @@ EXPRESSIBLE = {
     "hf-bfloat16": Spelling(dtype="bfloat16", upcast=True),
     "sum-div": Spelling(mean="sum_div"),
 }
-
-
-def skip_unless_runtime_runs(target: str) -> None:
-    """The onnx target's output (opset 23) runs in onnxruntime from 1.23."""
-    if target == "onnx" and ORT_RELEASE < (1, 23):
-        pytest.skip(f"onnxruntime {ort.__version__} does not run opset 23 (1.23 does)")
 
 
 def _for_target(spelling: Spelling, target: str) -> Spelling:
@@ -86,10 +79,8 @@ def test_target_fuses_exactly(target, name):
     assert sorted(n.op_type for n in fused.graph.node) == sorted(
         ["Identity", "Shape", OPS[target]] + ["Constant"] * new_constant
     )
-    if target == "ort" and spelling.dtype == "bfloat16" and ORT_RELEASE < (1, 30):
-        pytest.skip(f"onnxruntime {ort.__version__} has no bfloat16 SimplifiedLayerNormalization CPU kernel (1.30 has)")
     check_model(fused, ort_default_ops=target == "ort")
-    skip_unless_runtime_runs(target)
+    skip_unless_runtime_runs(target, spelling.dtype)
     fused_out = run_fused(fused, case.feeds)
     if spelling.dtype != "bfloat16":
         assert_close_to_unfused(fused_out[0], run_unfused(case.model, case.feeds)[0], name)
