@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnxruntime as ort
-import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from reference import BFLOAT16
@@ -47,6 +46,7 @@ ORT_RELEASE = tuple(int(part) for part in ort.__version__.split(".")[:2])
 def skip_unless_runtime_runs(target: str, dtype: str = "float32") -> None:
     """Skips the rest of a test when the installed onnxruntime cannot run what the pass emits for ``target``:
     opset 23 (the onnx target) from 1.23, bfloat16 SimplifiedLayerNormalization on CPU from 1.30 (docs/fusion.md)."""
+    import pytest  # here: tests/compat/check_runtime.py imports this module in venvs without pytest
     if target == "onnx" and ORT_RELEASE < (1, 23):
         pytest.skip(f"onnxruntime {ort.__version__} does not run opset 23 (1.23 does)")
     if target == "ort" and dtype == "bfloat16" and ORT_RELEASE < (1, 30):
