@@ -19,6 +19,10 @@ outputs, hence the ``rms`` term; it grows slowly with depth. ``rtol_T`` is 8 uni
 tokens), the largest difference is 1.2 ulp after 1 decoder layer and 3.1 ulp after 16. For float32, 2^-14 also
 covers the float32 rounding of the unfused graph's several ops; measured: at most 4e-6 after 16 layers. NaN and
 infinities must sit at the same places with the same signs. Integer and bool outputs must be equal.
+
+``T`` is the least precise of the output's dtype and the float types the original model computes in
+(:func:`ort_rmsnorm.rewrites.computed_dtypes`): a float16 model whose logits are cast to float32 at the end carries
+float16 differences into its float32 output, and a float64 output computed in float32 carries float32 ones.
 """
 
 from __future__ import annotations
@@ -33,10 +37,12 @@ from typing import Mapping, Sequence
 import ml_dtypes
 import numpy as np
 import onnx
+import onnx_ir as ir
 import onnxruntime as ort
 
 from . import runtime
 from .model_io import load_model, one_line
+from .rewrites import computed_dtypes
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -102,6 +108,7 @@ class OutputComparison:
     max_rel: float
     tolerance: float | None  # None: compared exactly
     problem: str | None = None  # why it failed beyond the numbers (shape, dtype, NaN placement)
+    arithmetic: str | None = None  # the model's float type that set the tolerance, where it is not the output's
 
     @property
     def ok(self) -> bool:
@@ -116,8 +123,9 @@ class OutputComparison:
             return f"{head}: empty, nothing to compare: {verdict}"
         if self.tolerance is None:
             return f"{head}: equal: {verdict}"
-        return (f"{head}: max abs {self.max_abs:.3g}, max rel {self.max_rel:.3g} (tolerance {self.tolerance:.3g}): "
-                f"{verdict}")
+        basis = f" for the model's {self.arithmetic} arithmetic" if self.arithmetic else ""
+        return (f"{head}: max abs {self.max_abs:.3g}, max rel {self.max_rel:.3g} (tolerance {self.tolerance:.3g}"
+                f"{basis}): {verdict}")
 
 
 @dataclasses.dataclass
@@ -355,10 +363,31 @@ def load_npy_inputs(files: Mapping[str, str | os.PathLike]) -> dict[str, np.ndar
 # --- comparison ---------------------------------------------------------------------------------------------------
 
 
-def compare(name: str, original: np.ndarray, fused: np.ndarray) -> OutputComparison:
-    """Compares one output of the fused model with the original's (see the module docstring for the criterion)."""
+def arithmetic_dtype(model: ir.Model) -> np.dtype | None:
+    """The least precise float type among those the model computes in, or None when it computes in none of
+    :data:`RELATIVE_TOLERANCE`'s types."""
+    floats = [dtype for dtype in map(_numpy_dtype, computed_dtypes(model)) if dtype in RELATIVE_TOLERANCE]
+    return max(floats, key=RELATIVE_TOLERANCE.__getitem__, default=None)
+
+
+def _numpy_dtype(dtype: ir.DataType) -> np.dtype | None:
+    try:
+        return np.dtype(dtype.numpy())
+    except TypeError:  # no numpy equivalent (strings, 4-bit types in older onnx_ir)
+        return None
+
+
+def compare(name: str, original: np.ndarray, fused: np.ndarray, arithmetic: np.dtype | None = None) -> OutputComparison:
+    """Compares one output of the fused model with the original's (see the module docstring for the criterion).
+
+    ``arithmetic``: the least precise float type the original model computes in (:func:`arithmetic_dtype`); a float
+    output's tolerance is that type's where it is looser than the output's own.
+    """
     dtype = original.dtype
     comparison = OutputComparison(name, str(dtype), original.shape, 0.0, 0.0, RELATIVE_TOLERANCE.get(dtype))
+    looser = RELATIVE_TOLERANCE.get(arithmetic, 0.0)
+    if comparison.tolerance is not None and looser > comparison.tolerance:
+        comparison.tolerance, comparison.arithmetic = looser, str(arithmetic)
     if fused.dtype != dtype:
         comparison.problem = f"dtype changed: original {dtype}, fused {fused.dtype}"
         return comparison
@@ -417,9 +446,9 @@ def _model_name(model) -> str:
     return str(model) if not isinstance(model, onnx.ModelProto) else "the model"
 
 
-def _check_file(model) -> None:
-    if not isinstance(model, onnx.ModelProto):
-        load_model(model)  # clear errors for missing, corrupted or invalid files
+def _load(model: str | os.PathLike | onnx.ModelProto) -> ir.Model:
+    """The model's graph (external data stays on disk); clear errors for missing, corrupted or invalid files."""
+    return ir.serde.deserialize_model(model) if isinstance(model, onnx.ModelProto) else load_model(model)
 
 
 def verify(
@@ -438,8 +467,8 @@ def verify(
     valid inputs can be made or the original does not run, and :class:`FusedModelError` when the fused model does not
     load or run while the original does.
     """
-    _check_file(original)
-    _check_file(fused)
+    arithmetic = arithmetic_dtype(_load(original))
+    _load(fused)
     try:
         original_session = _session(original, optimization, threads)
     except _ORT_ERRORS as error:
@@ -471,7 +500,7 @@ def verify(
     names = [node_arg.name for node_arg in original_session.get_outputs()]
     return VerifyResult(
         inputs={name: (str(array.dtype), array.shape) for name, array in feeds.items()},
-        outputs=[compare(name, want, got) for name, want, got in zip(names, expected, actual)],
+        outputs=[compare(name, want, got, arithmetic) for name, want, got in zip(names, expected, actual)],
     )
 
 

@@ -84,6 +84,22 @@ def infer_types(model: ir.Model) -> TypeTable:
     return _infer_functions(model, TypeTable(inferred))
 
 
+
+def computed_dtypes(model: ir.Model) -> set[ir.DataType]:
+    """The element types of the values the model's nodes compute, in every graph and function (as
+    :func:`infer_types` finds them): what its arithmetic rounds to. Constant nodes are left out (their values are
+    given, not computed), and so are inputs and initializers."""
+    types = infer_types(model)
+    return {
+        dtype
+        for graph in graph_likes(model)
+        for node in graph
+        if node.op_type != "Constant"
+        for value in node.outputs
+        if (dtype := types.dtype(value)) is not None
+    }
+
+
 SMALL_TENSOR_BYTES = 1000  # onnx_ir's ShapeInferencePass detaches initializers above this size
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import onnx
+import onnx_ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -65,6 +66,65 @@ def test_nan_placement_and_shape_and_dtype_changes_fail():
     assert "NaN" in verify.compare("y", with_nan, original).problem
     assert "shape changed" in verify.compare("y", original, original[:2]).problem
     assert "dtype changed" in verify.compare("y", original, original.astype(np.float16)).problem
+
+
+@pytest.mark.parametrize(
+    "output, arithmetic, tolerance, named",
+    [
+        (np.float32, np.float16, 2.0**-7, True),  # float16 model, logits cast to float32 at the end
+        (np.float32, BFLOAT16, 2.0**-4, True),
+        (np.float64, np.float32, 2.0**-14, True),  # float64 output computed in float32
+        (np.float16, np.float32, 2.0**-7, False),  # more precise arithmetic: the output's own tolerance
+        (np.float32, None, 2.0**-14, False),
+    ],
+)
+def test_tolerance_follows_the_models_least_precise_arithmetic(output, arithmetic, tolerance, named):
+    """A float32 output of a float16 model carries float16 rounding differences: one float16 rounding flip at a
+    norm, carried on by the layers after it, must pass; a lost scale must still fail."""
+    arithmetic = None if arithmetic is None else np.dtype(arithmetic)
+    original = _output(output, seed=3)
+    comparison = verify.compare("logits", original, original.copy(), arithmetic)
+    assert comparison.tolerance == tolerance
+    assert ("for the model's" in comparison.describe()) == named, comparison.describe()
+    if named:
+        assert f"for the model's {arithmetic} arithmetic" in comparison.describe()
+    rounded_twice = original.astype(np.float64) * (1 + 4 * UNIT_ROUNDOFF[arithmetic or np.dtype(output)])
+    assert verify.compare("logits", original, rounded_twice.astype(output), arithmetic).ok
+    assert not verify.compare("logits", original, (original * 1.1).astype(output), arithmetic).ok
+
+
+def _cast_chain(*steps, constant_dtype=None):
+    """x (float32) -> Cast to each of ``steps`` in turn -> y; with ``constant_dtype``, y also adds a Constant of that
+    type cast to float32, and a float16 initializer cast to float32 (given values, not arithmetic)."""
+    nodes, previous = [], "x"
+    for index, elem in enumerate(steps):
+        nodes.append(helper.make_node("Cast", [previous], [f"c{index}"], to=elem))
+        previous = f"c{index}"
+    initializers = [numpy_helper.from_array(np.ones(4, np.float16), "w16")]
+    nodes += [helper.make_node("Cast", ["w16"], ["w"], to=TensorProto.FLOAT),
+              helper.make_node("Add", [previous, "w"], ["y"])]
+    if constant_dtype is not None:
+        nodes[-1].output[0] = "partial"
+        nodes += [helper.make_node("Constant", [], ["k"], value=numpy_helper.from_array(np.ones(4, constant_dtype))),
+                  helper.make_node("Cast", ["k"], ["k32"], to=TensorProto.FLOAT),
+                  helper.make_node("Add", ["partial", "k32"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])], initializers)
+    return make_model(graph, [helper.make_opsetid("", 18)])
+
+
+@pytest.mark.parametrize(
+    "steps, constant_dtype, expected",
+    [
+        ((TensorProto.FLOAT16, TensorProto.FLOAT), None, np.float16),
+        ((TensorProto.BFLOAT16, TensorProto.FLOAT16, TensorProto.FLOAT), None, BFLOAT16),
+        ((TensorProto.DOUBLE, TensorProto.FLOAT), None, np.float32),
+        ((), np.float16, np.float32),  # float16 weights and constants only: float32 arithmetic
+    ],
+)
+def test_arithmetic_dtype_is_the_least_precise_computed_float(steps, constant_dtype, expected):
+    model = onnx_ir.serde.deserialize_model(_cast_chain(*steps, constant_dtype=constant_dtype))
+    assert verify.arithmetic_dtype(model) == np.dtype(expected)
 
 
 def test_integer_outputs_compare_exactly():

@@ -85,6 +85,18 @@ class NormBlock(nn.Module):
         return self.manual_layer_norm(self.down(self.layer_norm(self.up(self.rms_norm(x)))))
 
 
+class Float32Logits(nn.Module):
+    """A model whose logits are cast to float32 at the end, as Mamba2 and older Hugging Face causal LMs do: a 16-bit
+    model with a float32 output, whose comparison must allow for the 16-bit arithmetic before it."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids).float()
+
+
 RMSNORM_MODULES = (LlamaRMSNorm, nn.RMSNorm, T5LayerNorm, GemmaRMSNorm)
 LAYERNORM_MODULES = (nn.LayerNorm, ManualLayerNorm)
 
@@ -128,6 +140,7 @@ CASES = {
         Case("gemma_norm", _single(lambda: GemmaRMSNorm(HIDDEN))),
         Case("norm_block", NormBlock),
         Case("llama_decoder", lambda: build_llama(DECODER_CONFIG), input_kind="tokens"),
+        Case("llama_decoder_float32_logits", lambda: Float32Logits(build_llama(DECODER_CONFIG)), input_kind="tokens"),
     ]
 }
 
@@ -145,6 +158,6 @@ def build(case: Case, dtype: torch.dtype) -> nn.Module:
 
 def skip_norms_expected(module: nn.Module) -> int:
     """RMSNorms right after a residual add: in a Llama model every one but the first layer's input_layernorm."""
-    if isinstance(module, LlamaModel):
+    if count_modules(module, (LlamaModel,)):
         return count_modules(module, RMSNORM_MODULES) - 1
     return 0
