@@ -373,7 +373,7 @@ def arithmetic_dtype(model: ir.Model) -> np.dtype | None:
 def _numpy_dtype(dtype: ir.DataType) -> np.dtype | None:
     try:
         return np.dtype(dtype.numpy())
-    except TypeError:  # no numpy equivalent (strings, 4-bit types in older onnx_ir)
+    except TypeError:  # no numpy equivalent (UNDEFINED; types older onnx_ir releases cannot map)
         return None
 
 
