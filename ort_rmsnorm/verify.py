@@ -468,7 +468,8 @@ def verify(
     load or run while the original does.
     """
     arithmetic = arithmetic_dtype(_load(original))
-    _load(fused)
+    if not isinstance(fused, onnx.ModelProto):
+        load_model(fused)  # clear errors for a missing, corrupted or invalid file
     try:
         original_session = _session(original, optimization, threads)
     except _ORT_ERRORS as error:

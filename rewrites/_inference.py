@@ -84,7 +84,6 @@ def infer_types(model: ir.Model) -> TypeTable:
     return _infer_functions(model, TypeTable(inferred))
 
 
-
 def computed_dtypes(model: ir.Model) -> set[ir.DataType]:
     """The element types of the values the model's nodes compute, in every graph and function (as
     :func:`infer_types` finds them): what its arithmetic rounds to. Constant nodes are left out (their values are

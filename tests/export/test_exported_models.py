@@ -9,7 +9,6 @@ torch module's own output (bfloat16, which onnxruntime's CPU kernels cannot run 
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
 from pathlib import Path
 
 import ml_dtypes
@@ -19,11 +18,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from export.fusing import fuse_file, op_counts  # noqa: E402
 from export.models import CASES, LAYERNORM_MODULES, RMSNORM_MODULES, count_modules, skip_norms_expected  # noqa: E402
 
-from ort_rmsnorm import model_io, verify  # noqa: E402
+from ort_rmsnorm import verify  # noqa: E402
 from ort_rmsnorm.exporters import EXPORTERS  # noqa: E402
-from ort_rmsnorm.fusion import fuse_model  # noqa: E402
 from ort_rmsnorm.runtime import make_session, run  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -65,18 +64,11 @@ def fused(exported):
         key = (case_name, exporter, dtype)
         if key not in cache:
             source = exported(case_name, exporter, dtype)
-            model = model_io.load_model(source.path)
-            report = fuse_model(model)
-            output = source.path.with_name(source.path.stem + ".fused.onnx")
-            model_io.save_model(model, output, protected=[source.path])
+            output, report = fuse_file(source.path)
             cache[key] = Fused(source.path, output, report, source.module, source.example)
         return cache[key]
 
     return get
-
-
-def _op_counts(path: Path) -> Counter:
-    return Counter(node.op_type for node in onnx.load(path, load_external_data=False).graph.node)
 
 
 @pytest.mark.parametrize("case_name, exporter, dtype", COMBINATIONS)
@@ -84,7 +76,7 @@ def test_every_rmsnorm_is_fused_and_nothing_else(fused, case_name, exporter, dty
     result = fused(case_name, exporter, dtype)
     norms = count_modules(result.module, RMSNORM_MODULES)
     skips = skip_norms_expected(result.module)
-    before, after = _op_counts(result.original), _op_counts(result.fused)
+    before, after = op_counts(result.original), op_counts(result.fused)
 
     assert len(result.report.fusions) == norms, result.report.summary()
     assert after["RMSNorm"] + after["SkipRMSNorm"] == norms, result.report.summary()
