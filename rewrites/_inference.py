@@ -1,20 +1,26 @@
 """Shape inference for the pass, without leaving its results in the model.
 
-ONNX shape inference (symbolic dims) runs on the main graph and its subgraphs through onnx_ir's ShapeInferencePass
-(which detaches large initializers first, so external weights are never loaded). Model-local function bodies get no
-shapes from it, so each function is inferred on its own from the types at its call sites. The results go into a
-:class:`TypeTable`; the model's own annotations are restored, and so are the value and node names that onnxscript's
-rewriter renames on its way out.
+ONNX shape inference (symbolic dims) runs on the main graph and its subgraphs, on a copy of the model without its
+large initializers' data (onnx_ir's helper behind its ShapeInferencePass), so external weights are never loaded.
+Where ONNX gives a `Slice` with computed starts or ends no dims at all, the pass puts back the dims the slice does not
+touch and infers again (see :func:`_slice_dims_gained`). Model-local function bodies get no shapes from it, so each
+function is inferred on its own from the types at its call sites. The results go into a :class:`TypeTable`, and the
+model keeps its own annotations; :class:`Annotations` restores the value and node names that onnxscript's rewriter
+renames on its way out.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Iterator
 
 import onnx
+import onnx.numpy_helper
 import onnx_ir as ir
-import onnx_ir.passes.common as common_passes
+
+# The helper behind onnx_ir's ShapeInferencePass: the model as a proto without its large initializers' data.
+from onnx_ir.passes.common import _c_api_utils
 
 from ._facts import TypeTable, dim_key, same_dim
 
@@ -64,24 +70,116 @@ class Annotations:
 
 def infer_types(model: ir.Model) -> TypeTable:
     """Types and shapes of the values in ``model`` (main graph, subgraphs, functions); the model is left as it was."""
-    annotations = Annotations(model)
     small_external = _small_external_initializers(model)
     try:
         # ONNX inference reads constant inputs (axes, shapes) only from in-memory data: give it the small external
-        # ones (onnx_ir's pass detaches the larger initializers, so weights are not read).
+        # ones (the larger initializers are left out, so weights are not read).
         for value, tensor in small_external.items():
             value.const_value = ir.Tensor(tensor.numpy(), name=tensor.name)
-        common_passes.ShapeInferencePass(check_type=False, strict_mode=False, data_prop=True)(model)
-        inferred = {
-            value: (value.dtype, value.shape)
-            for graph in (model.graph, *model.graph.subgraphs())
-            for value in values_of(graph)
-        }
+        inferred_proto = _c_api_utils.call_onnx_api(_infer_shapes, model)
+    except Exception as error:  # noqa: BLE001 - as onnx_ir's ShapeInferencePass: the model's own annotations stand
+        logger.warning("shape inference failed: %s", error)
+        inferred_proto = None
     finally:
         for value, tensor in small_external.items():
             value.const_value = tensor
-        annotations.restore_types()
-    return _infer_functions(model, TypeTable(inferred))
+    inferred_graphs = ir.serde.deserialize_model(inferred_proto).graphs() if inferred_proto is not None else ()
+    found: dict[ir.Value, tuple[ir.DataType | None, ir.Shape | None]] = {}
+    for graph, inferred_graph in itertools.zip_longest(model.graphs(), inferred_graphs):
+        by_name = (
+            ir.convenience.create_value_mapping(inferred_graph, include_subgraphs=False)
+            if inferred_graph is not None
+            else {}
+        )
+        for value in values_of(graph):
+            other = by_name.get(value.name)
+            dtype = other.dtype if other is not None and other.dtype is not None else value.dtype
+            shape = other.shape if other is not None and other.shape is not None else value.shape
+            found[value] = (dtype, shape)
+    return _infer_functions(model, TypeTable(found))
+
+
+def _infer_shapes(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """ONNX inference of ``proto``, again with each Slice's untouched dims put back while that gains any (each
+    round can reach slices further down: in Phi-3, the next layer's)."""
+    graph = proto.graph
+    stable = {
+        dim.dim_param
+        for info in (*graph.input, *graph.output, *graph.value_info)
+        for dim in info.type.tensor_type.shape.dim
+        if dim.dim_param
+    }
+    constants = _small_constant_ints(graph)
+    slices = [
+        (node.input[0], node.output[0], constants[node.input[3]])
+        for node in graph.node
+        if node.op_type == "Slice" and node.domain in ("", "ai.onnx") and len(node.input) > 3
+        and node.input[3] in constants
+    ]
+    refined: dict[str, onnx.ValueInfoProto] = {}
+    while True:
+        annotated = onnx.ModelProto()
+        annotated.CopyFrom(proto)
+        if refined:
+            kept = [info for info in annotated.graph.value_info if info.name not in refined]
+            del annotated.graph.value_info[:]
+            annotated.graph.value_info.extend([*kept, *refined.values()])
+        inferred = onnx.shape_inference.infer_shapes(annotated, check_type=False, strict_mode=False, data_prop=True)
+        gained = _slice_dims_gained(inferred.graph, slices, stable)
+        if not gained:
+            return inferred
+        logger.info("shape inference again, with the untouched dims of %d more slices", len(gained))
+        refined.update(gained)
+
+
+def _slice_dims_gained(
+    graph: onnx.GraphProto, slices: list[tuple[str, str, list[int]]], stable: set[str]
+) -> dict[str, onnx.ValueInfoProto]:
+    """Slice outputs given the input's dims on the axes the slice does not touch, where the input's dim is a size or
+    one of the model's own symbols (``stable``; those ONNX invents differ from run to run) and the output's is not
+    the same. ONNX infers only the rank of a Slice whose starts or ends are computed (Phi-3's MLP splits gate and up
+    so, from `Shape`); everything after it loses the batch and sequence dims, down to the residual `Add`, which then
+    cannot be shown to be no broadcast. Only slices with constant `axes` qualify: they say which dims are untouched.
+    An annotation keeps a symbolic dim over the one ONNX infers, so a gained dim stays in later rounds."""
+    infos = {info.name: info for info in (*graph.input, *graph.value_info, *graph.output)}
+    gained = {}
+    for data, output, axes in slices:
+        if data not in infos or output not in infos:
+            continue
+        data_dims = infos[data].type.tensor_type.shape.dim
+        info = onnx.ValueInfoProto()
+        info.CopyFrom(infos[output])
+        dims = info.type.tensor_type.shape.dim
+        rank = len(data_dims)
+        if len(dims) != rank or not infos[data].type.tensor_type.HasField("shape"):
+            continue
+        if any(not -rank <= axis < rank for axis in axes):
+            continue  # an invalid model; onnxruntime will say so
+        sliced = {axis % rank for axis in axes}
+        changed = False
+        for i, (source, dim) in enumerate(zip(data_dims, dims)):
+            known = source.HasField("dim_value") or source.dim_param in stable
+            if i not in sliced and known and (source.dim_value, source.dim_param) != (dim.dim_value, dim.dim_param):
+                dim.CopyFrom(source)
+                changed = True
+        if changed:
+            gained[output] = info
+    return gained
+
+
+def _small_constant_ints(graph: onnx.GraphProto) -> dict[str, list[int]]:
+    """The integer initializers and Constant outputs of ``graph`` (a Slice's axes), by name: the proto holds only
+    small initializers."""
+    tensors = {tensor.name: tensor for tensor in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.attribute) == 1:
+            if node.attribute[0].name == "value":
+                tensors[node.output[0]] = node.attribute[0].t
+    return {
+        name: [int(item) for item in onnx.numpy_helper.to_array(tensor).reshape(-1)]
+        for name, tensor in tensors.items()
+        if tensor.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32) and not tensor.external_data
+    }
 
 
 def computed_dtypes(model: ir.Model) -> set[ir.DataType]:
@@ -99,7 +197,7 @@ def computed_dtypes(model: ir.Model) -> set[ir.DataType]:
     }
 
 
-SMALL_TENSOR_BYTES = 1000  # onnx_ir's ShapeInferencePass detaches initializers above this size
+SMALL_TENSOR_BYTES = 1000  # onnx_ir's helper leaves initializers above this size out of the proto
 
 
 def _small_external_initializers(model: ir.Model) -> dict[ir.Value, ir.TensorProtocol]:

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnx_ir
 import pytest
 from onnx import TensorProto, helper
 
 import ort_rmsnorm
+from ort_rmsnorm.rewrites import infer_types
 from fusion.norm_graphs import (
     BFLOAT16,
     ONNX_TYPES,
@@ -211,6 +213,72 @@ def test_llama_layers(dtype, target, rng):
     assert_close_after_layers(run_fused(fused, feeds)[0], run_unfused(model, feeds)[0], target)
     again, second = ort_rmsnorm.fuse(fused, target)
     assert again == fused and second.fusions == [] and second.skipped == []
+
+
+def sliced_mlp_layers(layers=3, sliced_axis=-1, constant_axes=True) -> onnx.ModelProto:
+    """Pre-norm layers whose sublayer is Phi-3's MLP as TorchScript exports it: gate and up split from one projection
+    by Slices whose ends are computed from `Shape` (ONNX infers only their rank), over ``sliced_axis``."""
+    g = GraphBuilder(18)
+    rng = np.random.default_rng(3)
+    ints = lambda *values: g.constant(np.array(values, np.int64))  # noqa: E731
+    stream = "x"
+    for _ in range(layers):
+        normed = _scaled_norm(g, stream, np.dtype(np.float32), rng.random(D) + 0.5, False)
+        both = g.op("MatMul", normed, g.constant((rng.standard_normal((D, 4 * D)) / 3).astype(np.float32)))
+        width = g.op("Gather", g.op("Shape", both), g.constant(np.array(sliced_axis, np.int64)), axis=0)
+        half = g.op("Unsqueeze", g.op("Div", width, g.constant(np.array(2, np.int64))), ints(0))
+        axes = ints(sliced_axis) if constant_axes else g.op("Identity", "axes")
+        gate = g.op("Slice", both, ints(0), half, axes)
+        up = g.op("Slice", both, half, ints(2**62), axes)
+        hidden = g.op("Mul", g.op("Mul", gate, g.op("Sigmoid", gate)), up)
+        # Over the batch axis, half the batch is added back onto the whole: a broadcast Add when B is 2.
+        down = (rng.standard_normal(((2 if sliced_axis == -1 else 4) * D, D)) / 3).astype(np.float32)
+        stream = g.op("Add", stream, g.op("MatMul", hidden, g.constant(down)))
+    y = _scaled_norm(g, stream, np.dtype(np.float32), rng.random(D) + 0.5, False)
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "S", D])]
+    if not constant_axes:
+        inputs.append(helper.make_tensor_value_info("axes", TensorProto.INT64, [1]))
+    graph = helper.make_graph(
+        g.nodes, "sliced_mlp", inputs, [helper.make_tensor_value_info(y, TensorProto.FLOAT, ["B", "S", D])],
+        g.initializers,
+    )
+    return make_model(graph, [helper.make_opsetid("", 18)])
+
+
+def test_residual_after_slices_with_computed_ends(rng):
+    """ONNX shape inference gives such a Slice only its rank; the pass puts back the input's dims on the axes the
+    slice does not touch, layer after layer, so every residual Add is shown to add two [B, S, D] tensors."""
+    model = sliced_mlp_layers()
+    unaided = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    gate = next(n.output[0] for n in model.graph.node if n.op_type == "Slice")
+    (info,) = [v for v in unaided.graph.value_info if v.name == gate]
+    assert [d.dim_param or d.dim_value for d in info.type.tensor_type.shape.dim][:2] != ["B", "S"]
+
+    ir_model = onnx_ir.serde.deserialize_model(model)
+    types = infer_types(ir_model)
+    gate_value = next(node.outputs[0] for node in ir_model.graph if node.op_type == "Slice")
+    assert [getattr(dim, "value", dim) for dim in types.shape(gate_value).dims][:2] == ["B", "S"]
+    fused, report = ort_rmsnorm.fuse(model)
+    assert len(fused_nodes(fused, "SkipRMSNorm")) == 3 and len(fused_nodes(fused, "RMSNorm")) == 1
+    assert report.skipped == []
+    check_model(fused)
+    feeds = {"x": random_array(rng, (2, 5, D), np.float32)}
+    assert_close_after_layers(run_fused(fused, feeds)[0], run_unfused(model, feeds)[0])
+
+
+@pytest.mark.parametrize(
+    "variant", [{"sliced_axis": 0}, {"constant_axes": False}], ids=["slice_of_the_batch", "computed_axes"]
+)
+def test_slices_that_may_touch_the_leading_dims_stay_unknown(variant, rng):
+    """A slice over the batch axis, or over axes not known, may change B: the Add after it could broadcast."""
+    model = sliced_mlp_layers(layers=1, **variant)
+    fused, report = ort_rmsnorm.fuse(model)
+    assert not fused_nodes(fused, "SkipRMSNorm") and len(fused_nodes(fused, "RMSNorm")) == 2
+    assert any("is not known to add two tensors of one shape" in entry.reason for entry in report.skipped)
+    feeds = {"x": random_array(rng, (2, 5, D), np.float32)}
+    if "constant_axes" in variant:
+        feeds["axes"] = np.array([-1], np.int64)
+    assert_close_after_layers(run_fused(fused, feeds)[0], run_unfused(model, feeds)[0])
 
 
 def test_ort_skip_needs_rank_2_or_3(rng):
