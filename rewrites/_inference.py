@@ -109,12 +109,14 @@ def _infer_shapes(proto: onnx.ModelProto) -> onnx.ModelProto:
         for dim in info.type.tensor_type.shape.dim
         if dim.dim_param
     }
-    constants = _small_constant_ints(graph)
-    slices = [
-        (node.input[0], node.output[0], constants[node.input[3]])
+    candidates = [
+        node
         for node in graph.node
         if node.op_type == "Slice" and node.domain in ("", "ai.onnx") and len(node.input) > 3
-        and node.input[3] in constants
+    ]
+    constants = _small_constant_ints(graph, {node.input[3] for node in candidates})
+    slices = [
+        (node.input[0], node.output[0], constants[node.input[3]]) for node in candidates if node.input[3] in constants
     ]
     refined: dict[str, onnx.ValueInfoProto] = {}
     while True:
@@ -167,13 +169,13 @@ def _slice_dims_gained(
     return gained
 
 
-def _small_constant_ints(graph: onnx.GraphProto) -> dict[str, list[int]]:
-    """The integer initializers and Constant outputs of ``graph`` (a Slice's axes), by name: the proto holds only
-    small initializers."""
-    tensors = {tensor.name: tensor for tensor in graph.initializer}
+def _small_constant_ints(graph: onnx.GraphProto, names: set[str]) -> dict[str, list[int]]:
+    """The values of those of ``names`` that are integer initializers or Constant outputs of ``graph`` (a Slice's
+    axes): the proto holds only small initializers."""
+    tensors = {tensor.name: tensor for tensor in graph.initializer if tensor.name in names}
     for node in graph.node:
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.attribute) == 1:
-            if node.attribute[0].name == "value":
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and node.output[0] in names:
+            if len(node.attribute) == 1 and node.attribute[0].name == "value":
                 tensors[node.output[0]] = node.attribute[0].t
     return {
         name: [int(item) for item in onnx.numpy_helper.to_array(tensor).reshape(-1)]
