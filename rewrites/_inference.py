@@ -101,7 +101,9 @@ def infer_types(model: ir.Model) -> TypeTable:
 
 def _infer_shapes(proto: onnx.ModelProto) -> onnx.ModelProto:
     """ONNX inference of ``proto``, again with each Slice's untouched dims put back while that gains any (each
-    round can reach slices further down: in Phi-3, the next layer's)."""
+    round can reach slices further down: in Phi-3, the next layer's). Every further round gains some slice a dim, so
+    a cap of one round per slice only stops a model whose slices gain dims piecemeal or back and forth; the dims
+    gained until then stand."""
     graph = proto.graph
     stable = {
         dim.dim_param
@@ -119,7 +121,7 @@ def _infer_shapes(proto: onnx.ModelProto) -> onnx.ModelProto:
         (node.input[0], node.output[0], constants[node.input[3]]) for node in candidates if node.input[3] in constants
     ]
     refined: dict[str, onnx.ValueInfoProto] = {}
-    while True:
+    for _ in range(len(slices) + 1):
         annotated = onnx.ModelProto()
         annotated.CopyFrom(proto)
         if refined:
@@ -132,6 +134,7 @@ def _infer_shapes(proto: onnx.ModelProto) -> onnx.ModelProto:
             return inferred
         logger.info("shape inference again, with the untouched dims of %d more slices", len(gained))
         refined.update(gained)
+    return inferred
 
 
 def _slice_dims_gained(
