@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from ort_rmsnorm.demo import LlamaConfig
-from ort_rmsnorm.exporters import LlamaModel, LlamaRMSNorm, build_llama
+from ort_rmsnorm.exporters import LlamaMLP, LlamaModel, LlamaRMSNorm, build_llama
 
 HIDDEN = 16
 
@@ -97,6 +97,27 @@ class Float32Logits(nn.Module):
         return self.model(input_ids).float()
 
 
+class Phi3MLP(nn.Module):
+    """Phi-3's MLP: gate and up from one projection, split by `chunk`, which the TorchScript exporter writes as two
+    Slices whose ends are computed from `Shape` (ONNX shape inference then knows only their rank)."""
+
+    def __init__(self, mlp: LlamaMLP):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(mlp.gate_proj.in_features, 2 * mlp.gate_proj.out_features, bias=False)
+        self.down_proj = mlp.down_proj
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(nn.functional.silu(gate) * up)
+
+
+def phi3_style_llama(config: LlamaConfig) -> LlamaModel:
+    model = build_llama(config)
+    for layer in model.layers:
+        layer.mlp = Phi3MLP(layer.mlp)
+    return model
+
+
 RMSNORM_MODULES = (LlamaRMSNorm, nn.RMSNorm, T5LayerNorm, GemmaRMSNorm)
 LAYERNORM_MODULES = (nn.LayerNorm, ManualLayerNorm)
 
@@ -141,6 +162,7 @@ CASES = {
         Case("norm_block", NormBlock),
         Case("llama_decoder", lambda: build_llama(DECODER_CONFIG), input_kind="tokens"),
         Case("llama_decoder_float32_logits", lambda: Float32Logits(build_llama(DECODER_CONFIG)), input_kind="tokens"),
+        Case("phi3_style_decoder", lambda: phi3_style_llama(DECODER_CONFIG), input_kind="tokens"),
     ]
 }
 
