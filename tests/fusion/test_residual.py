@@ -220,7 +220,10 @@ def sliced_mlp_layers(layers=3, sliced_axis=-1, constant_axes=True) -> onnx.Mode
     by Slices whose ends are computed from `Shape` (ONNX infers only their rank), over ``sliced_axis``."""
     g = GraphBuilder(18)
     rng = np.random.default_rng(3)
-    ints = lambda *values: g.constant(np.array(values, np.int64))  # noqa: E731
+
+    def ints(*values: int) -> str:
+        return g.constant(np.array(values, np.int64))
+
     stream = "x"
     for _ in range(layers):
         normed = _scaled_norm(g, stream, np.dtype(np.float32), rng.random(D) + 0.5, False)
