@@ -16,13 +16,12 @@ import logging
 from collections.abc import Iterator
 
 import onnx
-import onnx.numpy_helper
 import onnx_ir as ir
 
 # The helper behind onnx_ir's ShapeInferencePass: the model as a proto without its large initializers' data.
 from onnx_ir.passes.common import _c_api_utils
 
-from ._facts import TypeTable, dim_key, same_dim
+from ._facts import TypeTable, constant_tensor, dim_key, same_dim
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +75,8 @@ def infer_types(model: ir.Model) -> TypeTable:
         # ones (the larger initializers are left out, so weights are not read).
         for value, tensor in small_external.items():
             value.const_value = ir.Tensor(tensor.numpy(), name=tensor.name)
-        inferred_proto = _c_api_utils.call_onnx_api(_infer_shapes, model)
+        slices = _slices_with_constant_axes(model.graph)
+        inferred_proto = _c_api_utils.call_onnx_api(lambda proto: _infer_shapes(proto, slices), model)
     except Exception as error:  # noqa: BLE001 - as onnx_ir's ShapeInferencePass: the model's own annotations stand
         logger.warning("shape inference failed: %s", error)
         inferred_proto = None
@@ -99,9 +99,10 @@ def infer_types(model: ir.Model) -> TypeTable:
     return _infer_functions(model, TypeTable(found))
 
 
-def _infer_shapes(proto: onnx.ModelProto) -> onnx.ModelProto:
-    """ONNX inference of ``proto``, again with each Slice's untouched dims put back while that gains any (each
-    round can reach slices further down: in Phi-3, the next layer's). Every further round gains some slice a dim, so
+def _infer_shapes(proto: onnx.ModelProto, slices: list[tuple[str, str, list[int]]]) -> onnx.ModelProto:
+    """ONNX inference of ``proto`` (a model, or a function body as one), again with the untouched dims of ``slices``
+    (see :func:`_slices_with_constant_axes`) put back while that gains any (each round can reach slices further
+    down: in Phi-3, the next layer's). Every further round gains some slice a dim, so
     a cap of one round per slice only stops a model whose slices gain dims piecemeal or back and forth; the dims
     gained until then stand."""
     graph = proto.graph
@@ -111,15 +112,6 @@ def _infer_shapes(proto: onnx.ModelProto) -> onnx.ModelProto:
         for dim in info.type.tensor_type.shape.dim
         if dim.dim_param
     }
-    candidates = [
-        node
-        for node in graph.node
-        if node.op_type == "Slice" and node.domain in ("", "ai.onnx") and len(node.input) > 3
-    ]
-    constants = _small_constant_ints(graph, {node.input[3] for node in candidates})
-    slices = [
-        (node.input[0], node.output[0], constants[node.input[3]]) for node in candidates if node.input[3] in constants
-    ]
     refined: dict[str, onnx.ValueInfoProto] = {}
     for _ in range(len(slices) + 1):
         annotated = onnx.ModelProto()
@@ -172,19 +164,19 @@ def _slice_dims_gained(
     return gained
 
 
-def _small_constant_ints(graph: onnx.GraphProto, names: set[str]) -> dict[str, list[int]]:
-    """The values of those of ``names`` that are integer initializers or Constant outputs of ``graph`` (a Slice's
-    axes): the proto holds only small initializers."""
-    tensors = {tensor.name: tensor for tensor in graph.initializer if tensor.name in names}
-    for node in graph.node:
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and node.output[0] in names:
-            if len(node.attribute) == 1 and node.attribute[0].name == "value":
-                tensors[node.output[0]] = node.attribute[0].t
-    return {
-        name: [int(item) for item in onnx.numpy_helper.to_array(tensor).reshape(-1)]
-        for name, tensor in tensors.items()
-        if tensor.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32) and not tensor.external_data
-    }
+def _slices_with_constant_axes(graph_like: ir.Graph | ir.Function) -> list[tuple[str, str, list[int]]]:
+    """(input name, output name, axes) of the Slices of one graph or function body whose `axes` is a small integer
+    constant: those whose untouched dims :func:`_slice_dims_gained` may put back."""
+    slices = []
+    for node in graph_like:
+        if node.op_type != "Slice" or node.domain not in ("", "ai.onnx") or len(node.inputs) < 4:
+            continue
+        data, output, axes = node.inputs[0], node.outputs[0], constant_tensor(node.inputs[3])
+        if data is None or not data.name or not output.name or axes is None or axes.nbytes > SMALL_TENSOR_BYTES:
+            continue
+        if axes.dtype in (ir.DataType.INT64, ir.DataType.INT32):
+            slices.append((data.name, output.name, [int(axis) for axis in axes.numpy().reshape(-1)]))
+    return slices
 
 
 def computed_dtypes(model: ir.Model) -> set[ir.DataType]:
@@ -288,7 +280,7 @@ def _infer_function_body(model: ir.Model, function: ir.Function, inputs) -> dict
     others = [ir.serde.serialize_function(other) for other in model.functions.values() if other is not function]
     proto = onnx.helper.make_model(graph, opset_imports=opsets, functions=others, ir_version=model.ir_version)
     try:
-        inferred = onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
+        inferred = _infer_shapes(proto, _slices_with_constant_axes(function))
     except Exception as error:  # noqa: BLE001 - the body stays without shapes; rules then say why they skip
         logger.info("shape inference of function %s failed: %s", function.name, error)
         return {}

@@ -215,10 +215,11 @@ def test_llama_layers(dtype, target, rng):
     assert again == fused and second.fusions == [] and second.skipped == []
 
 
-def sliced_mlp_layers(layers=3, sliced_axis=-1, constant_axes=True) -> onnx.ModelProto:
+def sliced_mlp_layers(layers=3, sliced_axis=-1, constant_axes=True, in_function=False) -> onnx.ModelProto:
     """Pre-norm layers whose sublayer is Phi-3's MLP as TorchScript exports it: gate and up split from one projection
-    by Slices whose ends are computed from `Shape` (ONNX infers only their rank), over ``sliced_axis``."""
-    g = GraphBuilder(18)
+    by Slices whose ends are computed from `Shape` (ONNX infers only their rank), over ``sliced_axis``; with
+    ``in_function``, the layers are the body of a model-local function local::Layers that the main graph calls."""
+    g = GraphBuilder(18, constants="constant" if in_function else "initializer")
     rng = np.random.default_rng(3)
 
     def ints(*values: int) -> str:
@@ -241,11 +242,14 @@ def sliced_mlp_layers(layers=3, sliced_axis=-1, constant_axes=True) -> onnx.Mode
     inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "S", D])]
     if not constant_axes:
         inputs.append(helper.make_tensor_value_info("axes", TensorProto.INT64, [1]))
-    graph = helper.make_graph(
-        g.nodes, "sliced_mlp", inputs, [helper.make_tensor_value_info(y, TensorProto.FLOAT, ["B", "S", D])],
-        g.initializers,
-    )
-    return make_model(graph, [helper.make_opsetid("", 18)])
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", "S", D])]
+    nodes, functions = g.nodes + [helper.make_node("Identity", [y], ["y"])], []
+    if in_function:
+        functions = [helper.make_function("local", "Layers", ["x"], ["y"], nodes, [helper.make_opsetid("", 18)])]
+        nodes = [helper.make_node("Layers", ["x"], ["y"], domain="local", name="layers")]
+    graph = helper.make_graph(nodes, "sliced_mlp", inputs, outputs, g.initializers)
+    opsets = [helper.make_opsetid("", 18)] + [helper.make_opsetid("local", 1)] * in_function
+    return make_model(graph, opsets, functions=functions)
 
 
 def test_residual_after_slices_with_computed_ends(rng):
@@ -264,6 +268,18 @@ def test_residual_after_slices_with_computed_ends(rng):
     fused, report = ort_rmsnorm.fuse(model)
     assert len(fused_nodes(fused, "SkipRMSNorm")) == 3 and len(fused_nodes(fused, "RMSNorm")) == 1
     assert report.skipped == []
+    check_model(fused)
+    feeds = {"x": random_array(rng, (2, 5, D), np.float32)}
+    assert_close_after_layers(run_fused(fused, feeds)[0], run_unfused(model, feeds)[0])
+
+
+def test_residual_after_slices_with_computed_ends_in_a_function(rng):
+    """The same layers as a model-local function's body, inferred from its call site's types."""
+    model = sliced_mlp_layers(in_function=True)
+    fused, report = ort_rmsnorm.fuse(model)
+    (function,) = fused.functions
+    ops = [node.op_type for node in function.node]
+    assert ops.count("SkipRMSNorm") == 3 and ops.count("RMSNorm") == 1 and report.skipped == []
     check_model(fused)
     feeds = {"x": random_array(rng, (2, 5, D), np.float32)}
     assert_close_after_layers(run_fused(fused, feeds)[0], run_unfused(model, feeds)[0])
