@@ -30,6 +30,8 @@ struct PrefetchOrder {
     return {log2, steps >> log2};
   }
 
+  bool InParts() const { return parts_log2 > 0; }
+
   // The step whose lines are prefetched at step s (a permutation of [0, steps)).
   int64_t StepAt(int64_t s) const {
     if (parts_log2 == 0 || s >= part_steps << parts_log2) return s;

@@ -160,17 +160,25 @@ struct SkipSumRow {
   }
 };
 
-// Whether V has `F DotSquares(const BFloat16* p, F acc)`: acc + the squares of 2 * kWidth bfloat16 values straight
-// from memory, two per lane (AVX512-BF16's vdpbf16ps: exact products, no widening). Used for plain bfloat16 rows.
+// Whether V has `F SquarePairs(const BFloat16* p, F acc)`: acc + the squares of 2 * kWidth bfloat16 values, two per
+// lane, in the order AVX512-BF16's vdpbf16ps adds them; and whether it has `F DotSquares(const BFloat16* p, F acc)`,
+// that instruction (see rmsnorm_avx512.cpp). Both give the same sums (bfloat16_square_pairs.h says where not); they
+// serve plain bfloat16 rows.
 template <class V, class Row, class = void>
-struct HasDotSquares : std::false_type {};
+struct HasSquarePairs : std::false_type {};
 template <class V, class Row>
-struct HasDotSquares<V, Row, decltype(static_cast<void>(V::DotSquares(std::declval<const BFloat16*>(), V::Zero())))>
+struct HasSquarePairs<V, Row, decltype(static_cast<void>(V::SquarePairs(std::declval<const BFloat16*>(), V::Zero())))>
     : std::is_same<Row, InputRow<V, BFloat16>> {};
+template <class V, class = void>
+struct HasDotSquares : std::false_type {};
+template <class V>
+struct HasDotSquares<V, decltype(static_cast<void>(V::DotSquares(std::declval<const BFloat16*>(), V::Zero())))>
+    : std::true_type {};
 
 // Sum of squares of a row. `alongside(i)` is called once per full step of four vectors, [i, i + 4 * kWidth), which
-// covers [0, n - n % (4 * kWidth)): NormalizeRowRange scales the previous row there when pipelined.
-template <class V, class Row, class Alongside>
+// covers [0, n - n % (4 * kWidth)): NormalizeRowRange scales the previous row there when pipelined. kDotSquares:
+// whether bfloat16 pairs are summed with V::DotSquares, where V has it, or with V::SquarePairs.
+template <class V, bool kDotSquares = true, class Row, class Alongside>
 double SumSquares(const Row row, int64_t n, const Alongside& alongside) {
   using F = typename V::F;
   constexpr int64_t W = V::kWidth;
@@ -179,14 +187,18 @@ double SumSquares(const Row row, int64_t n, const Alongside& alongside) {
     const int64_t end = block + kSumBlock < n ? block + kSumBlock : n;
     F a0 = V::Zero(), a1 = V::Zero(), a2 = V::Zero(), a3 = V::Zero();
     int64_t i = block;
-    if constexpr (HasDotSquares<V, Row>::value) {
+    if constexpr (HasSquarePairs<V, Row>::value) {
+      const auto pairs = [&](int64_t at, F acc) {
+        if constexpr (kDotSquares && HasDotSquares<V>::value) return V::DotSquares(row.x + at, acc);
+        return V::SquarePairs(row.x + at, acc);
+      };
       for (; i + 8 * W <= end; i += 8 * W) {
         alongside(i);
         alongside(i + 4 * W);
-        a0 = V::DotSquares(row.x + i, a0);
-        a1 = V::DotSquares(row.x + i + 2 * W, a1);
-        a2 = V::DotSquares(row.x + i + 4 * W, a2);
-        a3 = V::DotSquares(row.x + i + 6 * W, a3);
+        a0 = pairs(i, a0);
+        a1 = pairs(i + 2 * W, a1);
+        a2 = pairs(i + 4 * W, a2);
+        a3 = pairs(i + 6 * W, a3);
       }
     }
     for (; i + 4 * W <= end; i += 4 * W) {
@@ -291,7 +303,7 @@ const float* OnesRow(int64_t n) {
 // Rows [begin, end): row r's statistic from `stat(r)`, its output from `out(r)` (a StatRow and an OutRow). Row r is
 // scaled, then row r + 1 summed; `pipeline` does both in one loop (row r scaled in the steps of row r + 1's sum of
 // squares) so that row r + 1's loads, from outside the core's caches, overlap row r's arithmetic. The sums and
-// products are the same either way: results are bit-identical.
+// products are the same either way (DotSquares and SquarePairs alike): results are bit-identical.
 template <class V, bool kStreaming, typename T, class StatAt, class OutAt>
 void NormalizeRowRange(const RowBatch<T>& batch, int64_t begin, int64_t end, bool pipeline, const StatAt& stat,
                        const OutAt& out) {
@@ -316,7 +328,10 @@ void NormalizeRowRange(const RowBatch<T>& batch, int64_t begin, int64_t end, boo
     const float factor = static_cast<float>(InverseRms(sum_squares, n, batch.epsilon, batch.eps_outside_sqrt));
     const Scaler scaler{row, y, V::Set1(factor), batch.scale, next, order};
     if (pipelined) {
-      sum_squares = SumSquares<V>(stat(r + 1), n, [&](int64_t i) { scaler.Step(i); });
+      // With the next row prefetched in parts, bfloat16 sums with vdpbf16ps made one Zen 4 core 10-35% slower than
+      // the same sums in FMAs (docs/benchmarks.md, "What limits the kernels", item 18); elsewhere they are faster.
+      const auto step = [&](int64_t i) { scaler.Step(i); };
+      sum_squares = order.InParts() ? SumSquares<V, false>(stat(r + 1), n, step) : SumSquares<V>(stat(r + 1), n, step);
       summed = true;
       scaler.Rest(n - n % scaler.kStep, n);
     } else {

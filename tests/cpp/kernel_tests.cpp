@@ -12,6 +12,9 @@
 #include <string>
 #include <vector>
 
+#ifdef ORT_RMSNORM_TEST_AVX512_BF16
+#include "bfloat16_square_pairs.h"
+#endif
 #include "kernel_test_support.h"
 #include "norm_geometry.h"
 #include "prefetch_order.h"
@@ -262,6 +265,44 @@ void RunInPlace(const std::vector<const CpuKernels*>& isas) {
   }
 }
 
+#ifdef ORT_RMSNORM_TEST_AVX512_BF16
+// The AVX-512 kernels sum bfloat16 squares with vdpbf16ps or with SquarePairsAvx512, by speed (NormalizeRowRange),
+// so the two must give the same bits. Outputs hide most differences (the float32 factor rounds away a changed low
+// bit of the float64 sum), so the sums are compared directly: random accumulators and values over a wide range of
+// exponents, where another order of the additions changes about one lane in twenty.
+__attribute__((target("avx512f,avx512bf16"))) bool SquarePairsMatchDpbf16(const BFloat16* x, const float* acc) {
+  const __m512 a = _mm512_loadu_ps(acc);
+  const __m512bh v = (__m512bh)_mm512_loadu_si512(x);
+  const __mmask16 same = _mm512_cmpeq_epi32_mask(_mm512_castps_si512(_mm512_dpbf16_ps(a, v, v)),
+                                                 _mm512_castps_si512(SquarePairsAvx512(x, a)));
+  return same == 0xFFFF;
+}
+
+void TestSquarePairs(const std::vector<const CpuKernels*>& isas) {
+  bool has_bf16 = false;
+  for (const CpuKernels* kernels : isas) has_bf16 = has_bf16 || std::strcmp(kernels->isa, "avx512bf16") == 0;
+  if (!has_bf16) return;
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<uint32_t> mantissa(0, (1u << 23) - 1);
+  std::uniform_int_distribution<int> exponent(-30, 30), sign(0, 1);
+  const auto random_float = [&](int scale) {
+    return std::ldexp(1.0f + std::ldexp(static_cast<float>(mantissa(rng)), -23), exponent(rng) * scale / 30) *
+           (sign(rng) ? -1.0f : 1.0f);
+  };
+  bool ok = true;
+  for (int trial = 0; trial < 100000 && ok; ++trial) {
+    BFloat16 x[32];
+    float acc[16];
+    for (auto& v : x) v = FromFloat<BFloat16>(random_float(20));
+    for (auto& a : acc) a = std::fabs(random_float(30));
+    ok = SquarePairsMatchDpbf16(x, acc);
+  }
+  Expect(ok, "SquarePairsAvx512 gives vdpbf16ps's bits");
+}
+#else
+void TestSquarePairs(const std::vector<const CpuKernels*>&) {}
+#endif
+
 // Each ISA's widening of 16-bit scales: every bit pattern, at odd offsets and lengths (vector body and tail).
 template <typename T>
 void TestWiden(const std::vector<const CpuKernels*>& isas) {
@@ -380,6 +421,7 @@ int main(int argc, char** argv) {
   RunMatrix<float>(isas, quick);
   RunMatrix<Float16>(isas, quick);
   RunMatrix<BFloat16>(isas, quick);
+  TestSquarePairs(isas);
   RunExtremes<float>(isas);
   RunExtremes<Float16>(isas);
   RunExtremes<BFloat16>(isas);
