@@ -1,0 +1,267 @@
+// kernel_bench: the CPU row kernels timed without onnxruntime, on the calling thread, against memcpy of the same
+// bytes and against a plain two-pass loop (float16 RMSNorm only: the least a kernel must do, see PlainFloat16Rows).
+// Every contender runs once per repetition, in turn, so that a change of the machine's state reaches them all; the
+// median of each is printed. Built with the kernel tests (ORT_RMSNORM_BUILD_TESTS); see benchmarks/README.md.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#endif
+
+#include "rmsnorm_kernels.h"
+#include "scalar_convert.h"
+
+namespace ort_rmsnorm {
+namespace {
+
+struct Options {
+  std::string dtype = "float16";
+  int64_t rows = 2048;
+  int64_t cols = 4096;
+  bool skip = false;
+  bool streaming = false;
+  int repetitions = 21;
+  std::vector<std::string> isas;  // empty: every one this CPU runs
+};
+
+const char kUsage[] =
+    "usage: kernel_bench [--dtype float32|float16|bfloat16] [--rows R] [--cols H] [--skip] [--streaming]\n"
+    "                    [--repetitions N] [--isa NAME[,NAME...]]\n"
+    "  --skip        SkipRMSNorm (X + skip, writing Y and sum) instead of RMSNorm\n"
+    "  --streaming   write the outputs with streaming stores, as the library does for outputs of 8 MB or more\n"
+    "  --isa         kernel sets to time (default: every one this CPU runs): scalar, avx2, avx512, avx512bf16,\n"
+    "                avx512fp16, neon\n";
+
+[[noreturn]] void Fail(const std::string& message) {
+  std::fprintf(stderr, "kernel_bench: %s\n%s", message.c_str(), kUsage);
+  std::exit(2);
+}
+
+int64_t PositiveInteger(const char* flag, const char* text) {
+  char* end = nullptr;
+  const long long value = std::strtoll(text, &end, 10);
+  if (end == text || *end != '\0' || value <= 0) {
+    Fail(std::string(flag) + " needs a positive integer, not '" + text + "'");
+  }
+  return value;
+}
+
+Options Parse(int argc, char** argv) {
+  Options options;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const auto value = [&]() -> const char* {
+      if (i + 1 >= argc) Fail(arg + " needs a value");
+      return argv[++i];
+    };
+    if (arg == "--dtype") {
+      options.dtype = value();
+      if (options.dtype != "float32" && options.dtype != "float16" && options.dtype != "bfloat16") {
+        Fail("unknown --dtype '" + options.dtype + "'");
+      }
+    } else if (arg == "--rows") {
+      options.rows = PositiveInteger("--rows", value());
+    } else if (arg == "--cols") {
+      options.cols = PositiveInteger("--cols", value());
+    } else if (arg == "--repetitions") {
+      options.repetitions = static_cast<int>(PositiveInteger("--repetitions", value()));
+    } else if (arg == "--skip") {
+      options.skip = true;
+    } else if (arg == "--streaming") {
+      options.streaming = true;
+    } else if (arg == "--isa") {
+      std::string list = value();
+      for (size_t start = 0; start <= list.size();) {
+        const size_t comma = std::min(list.find(',', start), list.size());
+        options.isas.push_back(list.substr(start, comma - start));
+        start = comma + 1;
+      }
+    } else if (arg == "-h" || arg == "--help") {
+      std::printf("%s", kUsage);
+      std::exit(0);
+    } else {
+      Fail("unknown argument '" + arg + "'");
+    }
+  }
+  if (options.cols > (int64_t{1} << 40) / options.rows) Fail("--rows times --cols is too large");
+  return options;
+}
+
+// Line-aligned storage, as onnxruntime allocates tensors (streaming stores need it).
+template <typename T>
+std::unique_ptr<T[], void (*)(void*)> AlignedArray(int64_t count) {
+  const size_t bytes = std::max<size_t>(64, (static_cast<size_t>(count) * sizeof(T) + 63) / 64 * 64);
+  T* data = static_cast<T*>(std::aligned_alloc(64, bytes));
+  if (!data) Fail("cannot allocate " + std::to_string(bytes) + " bytes");
+  return {data, std::free};
+}
+
+double ThreadSeconds() {
+  timespec now;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
+}
+
+struct Contender {
+  std::string name;
+  std::function<void()> run;
+  std::vector<double> seconds;  // per call, one per repetition
+};
+
+#if defined(__x86_64__) || defined(_M_X64)
+#define KERNEL_BENCH_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
+
+KERNEL_BENCH_AVX512 __m512 LoadFloat16(const Float16* p) {
+  return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// Float16 RMSNorm in its plainest AVX-512 form: per row, widen and square-add 64 values per step into four float32
+// accumulators, then widen, multiply by the factor and the scale, narrow and store a line per 32 values. No
+// prefetching, pipelining or partial vectors: the instructions any float16 kernel needs, for comparison with ours
+// (requires cols to be a multiple of 64 and line-aligned rows).
+KERNEL_BENCH_AVX512 void PlainFloat16Rows(const RowBatch<Float16>& batch, int64_t rows) {
+  const int64_t n = batch.cols;
+  for (int64_t r = 0; r < rows; ++r) {
+    const Float16* x = batch.x + r * n;
+    Float16* y = batch.y + r * n;
+    const float* scale = batch.scale;
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t i = 0; i < n; i += 64) {
+      const __m512 v0 = LoadFloat16(x + i), v1 = LoadFloat16(x + i + 16), v2 = LoadFloat16(x + i + 32),
+                   v3 = LoadFloat16(x + i + 48);
+      a0 = _mm512_fmadd_ps(v0, v0, a0);
+      a1 = _mm512_fmadd_ps(v1, v1, a1);
+      a2 = _mm512_fmadd_ps(v2, v2, a2);
+      a3 = _mm512_fmadd_ps(v3, v3, a3);
+    }
+    const double sum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+    const __m512 factor = _mm512_set1_ps(static_cast<float>(1.0 / std::sqrt(sum / n + batch.epsilon)));
+    for (int64_t i = 0; i < n; i += 32) {
+      const __m512 lo = _mm512_mul_ps(_mm512_mul_ps(LoadFloat16(x + i), factor), _mm512_load_ps(scale + i));
+      const __m512 hi = _mm512_mul_ps(_mm512_mul_ps(LoadFloat16(x + i + 16), factor), _mm512_load_ps(scale + i + 16));
+      const __m512i line = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtps_ph(lo, _MM_FROUND_TO_NEAREST_INT)),
+                                              _mm512_cvtps_ph(hi, _MM_FROUND_TO_NEAREST_INT), 1);
+      if (batch.streaming_stores) {
+        _mm512_stream_si512(reinterpret_cast<__m512i*>(y + i), line);
+      } else {
+        _mm512_store_si512(y + i, line);
+      }
+    }
+  }
+  if (batch.streaming_stores) _mm_sfence();
+}
+
+bool CanRunPlainFloat16() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
+}
+#endif
+
+template <typename T>
+int Run(const Options& options) {
+  if (options.streaming && options.cols * static_cast<int64_t>(sizeof(T)) % 64 != 0) {
+    Fail("--streaming needs rows of whole cache lines (--cols times the element size a multiple of 64 bytes), "
+         "as the library does");
+  }
+  const int64_t count = options.rows * options.cols;
+  std::mt19937 random(1);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const auto x = AlignedArray<T>(count), skip = AlignedArray<T>(options.skip ? count : 0);
+  const auto y = AlignedArray<T>(count), sum = AlignedArray<T>(options.skip ? count : 0);
+  const auto copy = AlignedArray<T>(options.skip ? 2 * count : count);
+  const auto scale = AlignedArray<float>(options.cols);
+  for (int64_t i = 0; i < count; ++i) x[i] = FromFloat<T>(normal(random));
+  for (int64_t i = 0; i < (options.skip ? count : 0); ++i) skip[i] = FromFloat<T>(normal(random));
+  for (int64_t i = 0; i < options.cols; ++i) scale[i] = 1.0f + 0.1f * normal(random);
+  std::memset(y.get(), 0, count * sizeof(T));
+  std::memset(copy.get(), 0, (options.skip ? 2 : 1) * count * sizeof(T));
+
+  RowBatch<T> batch;
+  batch.x = x.get();
+  batch.skip = options.skip ? skip.get() : nullptr;
+  batch.sum = options.skip ? sum.get() : nullptr;
+  batch.y = y.get();
+  batch.scale = scale.get();
+  batch.cols = options.cols;
+  batch.streaming_stores = options.streaming;
+
+  const int tensors = options.skip ? 4 : 2;
+  const double bytes = static_cast<double>(tensors) * count * sizeof(T);
+  std::vector<Contender> contenders;
+  contenders.push_back({"memcpy", [&] {
+                          std::memcpy(copy.get(), x.get(), count * sizeof(T));
+                          if (options.skip) std::memcpy(copy.get() + count, skip.get(), count * sizeof(T));
+                        },
+                        {}});
+#if defined(__x86_64__) || defined(_M_X64)
+  if constexpr (std::is_same_v<T, Float16>) {
+    if (!options.skip && options.cols % 64 == 0 && CanRunPlainFloat16()) {
+      contenders.push_back({"plain loop", [&] { PlainFloat16Rows(batch, options.rows); }, {}});
+    }
+  }
+#endif
+  for (CpuIsa isa : kAllCpuIsas) {
+    const CpuKernels* kernels = CpuKernelsFor(isa);
+    const bool wanted = options.isas.empty() ||
+                        std::find(options.isas.begin(), options.isas.end(), CpuIsaName(isa)) != options.isas.end();
+    if (kernels && wanted) {
+      const RowsFn<T> rows = kernels->get<T>();
+      contenders.push_back({kernels->isa, [&batch, &options, rows] { rows(batch, 0, options.rows); }, {}});
+    }
+  }
+  for (const std::string& name : options.isas) {
+    const auto named = [&](const Contender& contender) { return contender.name == name; };
+    const bool found = std::any_of(contenders.begin(), contenders.end(), named);
+    if (!found) Fail("kernel set '" + name + "' is not in this build or not supported by this CPU");
+  }
+
+  // Calls per sample: at least 64 MB moved, so that small cases outlast the clock's resolution.
+  const int calls = static_cast<int>(std::max(1.0, std::ceil(64.0 * 1024 * 1024 / bytes)));
+  for (Contender& contender : contenders) contender.run();  // warm-up: page faults, first-touch
+  for (int repetition = 0; repetition < options.repetitions; ++repetition) {
+    for (Contender& contender : contenders) {
+      const double start = ThreadSeconds();
+      for (int call = 0; call < calls; ++call) contender.run();
+      contender.seconds.push_back((ThreadSeconds() - start) / calls);
+    }
+  }
+
+  std::printf("%s %s, %lld x %lld, %s stores, one thread, %d repetitions of %d calls (medians, thread CPU time)\n",
+              options.skip ? "SkipRMSNorm" : "RMSNorm", options.dtype.c_str(), static_cast<long long>(options.rows),
+              static_cast<long long>(options.cols), options.streaming ? "streaming" : "ordinary",
+              options.repetitions, calls);
+  std::printf("%-12s %12s %10s %8s %10s\n", "contender", "us per call", "ns per el", "GB/s", "x memcpy");
+  double copy_seconds = 0.0;
+  for (Contender& contender : contenders) {
+    std::sort(contender.seconds.begin(), contender.seconds.end());
+    const double median = contender.seconds[contender.seconds.size() / 2];
+    if (contender.name == "memcpy") copy_seconds = median;
+    std::printf("%-12s %12.1f %10.4f %8.1f %10.2f\n", contender.name.c_str(), median * 1e6, median * 1e9 / count,
+                bytes / median * 1e-9, median / copy_seconds);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace ort_rmsnorm
+
+int main(int argc, char** argv) {
+  using namespace ort_rmsnorm;
+  const Options options = Parse(argc, argv);
+  if (options.dtype == "float32") return Run<float>(options);
+  if (options.dtype == "float16") return Run<Float16>(options);
+  return Run<BFloat16>(options);
+}
