@@ -1,5 +1,6 @@
 // kernel_bench: the CPU row kernels timed without onnxruntime, on the calling thread, against memcpy of the same
-// bytes and against a plain two-pass loop (float16 RMSNorm only: the least a kernel must do, see PlainFloat16Rows).
+// bytes and against a plain two-pass loop (float16 RMSNorm only: the same arithmetic without the kernels' structure,
+// see PlainFloat16Rows).
 // Every contender runs once per repetition, in turn, so that a change of the machine's state reaches them all; the
 // median of each is printed. Built with the kernel tests (ORT_RMSNORM_BUILD_TESTS); see benchmarks/README.md.
 #include <algorithm>
@@ -129,8 +130,8 @@ KERNEL_BENCH_AVX512 __m512 LoadFloat16(const Float16* p) {
 
 // Float16 RMSNorm in its plainest AVX-512 form: per row, widen and square-add 64 values per step into four float32
 // accumulators, then widen, multiply by the factor and the scale, narrow and store a line per 32 values. No
-// prefetching, pipelining or partial vectors: the instructions any float16 kernel needs, for comparison with ours
-// (requires cols to be a multiple of 64 and line-aligned rows).
+// prefetching, pipelining or partial vectors: the kernels' arithmetic without their structure, to show what that
+// structure adds or saves (requires cols to be a multiple of 64 and line-aligned rows).
 KERNEL_BENCH_AVX512 void PlainFloat16Rows(const RowBatch<Float16>& batch, int64_t rows) {
   const int64_t n = batch.cols;
   for (int64_t r = 0; r < rows; ++r) {
