@@ -176,8 +176,11 @@ struct HasDotSquares<V, decltype(static_cast<void>(V::DotSquares(std::declval<co
     : std::true_type {};
 
 // Sum of squares of a row. `alongside(i)` is called once per full step of four vectors, [i, i + 4 * kWidth), which
-// covers [0, n - n % (4 * kWidth)): NormalizeRowRange scales the previous row there when pipelined. kDotSquares:
-// whether bfloat16 pairs are summed with V::DotSquares, where V has it, or with V::SquarePairs.
+// covers [0, n - n % (4 * kWidth)): NormalizeRowRange scales the previous row there when pipelined. It comes after
+// the step's own loads, so that they are under way (from L2, L3 or memory) while the other row is scaled: with the
+// call first, streamed 16-bit rows were 3-15% slower on a Zen 4 core (docs/benchmarks.md, "What limits the
+// kernels", item 19). kDotSquares: whether bfloat16 pairs are summed with V::DotSquares, where V has it, or with
+// V::SquarePairs.
 template <class V, bool kDotSquares = true, class Row, class Alongside>
 double SumSquares(const Row row, int64_t n, const Alongside& alongside) {
   using F = typename V::F;
@@ -193,21 +196,21 @@ double SumSquares(const Row row, int64_t n, const Alongside& alongside) {
         return V::SquarePairs(row.x + at, acc);
       };
       for (; i + 8 * W <= end; i += 8 * W) {
-        alongside(i);
-        alongside(i + 4 * W);
         a0 = pairs(i, a0);
         a1 = pairs(i + 2 * W, a1);
+        alongside(i);
         a2 = pairs(i + 4 * W, a2);
         a3 = pairs(i + 6 * W, a3);
+        alongside(i + 4 * W);
       }
     }
     for (; i + 4 * W <= end; i += 4 * W) {
-      alongside(i);
       const F v0 = row.Load(i), v1 = row.Load(i + W), v2 = row.Load(i + 2 * W), v3 = row.Load(i + 3 * W);
       a0 = V::Fma(v0, v0, a0);
       a1 = V::Fma(v1, v1, a1);
       a2 = V::Fma(v2, v2, a2);
       a3 = V::Fma(v3, v3, a3);
+      alongside(i);
     }
     for (; i + W <= end; i += W) {
       const F v = row.Load(i);
