@@ -178,7 +178,7 @@ struct HasDotSquares<V, decltype(static_cast<void>(V::DotSquares(std::declval<co
 // Sum of squares of a row. `alongside(i)` is called once per full step of four vectors, [i, i + 4 * kWidth), which
 // covers [0, n - n % (4 * kWidth)): NormalizeRowRange scales the previous row there when pipelined. It comes after
 // the step's own loads, so that they are under way (from L2, L3 or memory) while the other row is scaled: with the
-// call first, streamed 16-bit rows were 3-15% slower on a Zen 4 core (docs/benchmarks.md, "What limits the
+// call first, streamed 16-bit rows were up to 15% slower on a Zen 4 core (docs/benchmarks.md, "What limits the
 // kernels", item 19). kDotSquares: whether bfloat16 pairs are summed with V::DotSquares, where V has it, or with
 // V::SquarePairs.
 template <class V, bool kDotSquares = true, class Row, class Alongside>
