@@ -11,7 +11,7 @@
 #include <cstring>
 #include <ctime>
 #include <functional>
-#include <memory>
+#include <new>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -21,8 +21,7 @@
 #include <immintrin.h>
 #endif
 
-#include "rmsnorm_kernels.h"
-#include "scalar_convert.h"
+#include "kernel_test_support.h"  // AlignedBuffer, AvailableIsas (tests/cpp)
 
 namespace ort_rmsnorm {
 namespace {
@@ -100,15 +99,6 @@ Options Parse(int argc, char** argv) {
   return options;
 }
 
-// Line-aligned storage, as onnxruntime allocates tensors (streaming stores need it).
-template <typename T>
-std::unique_ptr<T[], void (*)(void*)> AlignedArray(int64_t count) {
-  const size_t bytes = std::max<size_t>(64, (static_cast<size_t>(count) * sizeof(T) + 63) / 64 * 64);
-  T* data = static_cast<T*>(std::aligned_alloc(64, bytes));
-  if (!data) Fail("cannot allocate " + std::to_string(bytes) + " bytes");
-  return {data, std::free};
-}
-
 double ThreadSeconds() {
   timespec now;
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
@@ -163,12 +153,6 @@ KERNEL_BENCH_AVX512 void PlainFloat16Rows(const RowBatch<Float16>& batch, int64_
   }
   if (batch.streaming_stores) _mm_sfence();
 }
-
-bool CanRunPlainFloat16() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
-}
 #endif
 
 template <typename T>
@@ -180,22 +164,19 @@ int Run(const Options& options) {
   const int64_t count = options.rows * options.cols;
   std::mt19937 random(1);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  const auto x = AlignedArray<T>(count), skip = AlignedArray<T>(options.skip ? count : 0);
-  const auto y = AlignedArray<T>(count), sum = AlignedArray<T>(options.skip ? count : 0);
-  const auto copy = AlignedArray<T>(options.skip ? 2 * count : count);
-  const auto scale = AlignedArray<float>(options.cols);
+  AlignedBuffer<T> x(count), skip(options.skip ? count : 0), y(count), sum(options.skip ? count : 0);
+  AlignedBuffer<T> copy(options.skip ? 2 * count : count);
+  AlignedBuffer<float> scale(options.cols);
   for (int64_t i = 0; i < count; ++i) x[i] = FromFloat<T>(normal(random));
   for (int64_t i = 0; i < (options.skip ? count : 0); ++i) skip[i] = FromFloat<T>(normal(random));
   for (int64_t i = 0; i < options.cols; ++i) scale[i] = 1.0f + 0.1f * normal(random);
-  std::memset(y.get(), 0, count * sizeof(T));
-  std::memset(copy.get(), 0, (options.skip ? 2 : 1) * count * sizeof(T));
 
   RowBatch<T> batch;
-  batch.x = x.get();
-  batch.skip = options.skip ? skip.get() : nullptr;
-  batch.sum = options.skip ? sum.get() : nullptr;
-  batch.y = y.get();
-  batch.scale = scale.get();
+  batch.x = x.data();
+  batch.skip = options.skip ? skip.data() : nullptr;
+  batch.sum = options.skip ? sum.data() : nullptr;
+  batch.y = y.data();
+  batch.scale = scale.data();
   batch.cols = options.cols;
   batch.streaming_stores = options.streaming;
 
@@ -203,22 +184,22 @@ int Run(const Options& options) {
   const double bytes = static_cast<double>(tensors) * count * sizeof(T);
   std::vector<Contender> contenders;
   contenders.push_back({"memcpy", [&] {
-                          std::memcpy(copy.get(), x.get(), count * sizeof(T));
-                          if (options.skip) std::memcpy(copy.get() + count, skip.get(), count * sizeof(T));
+                          std::memcpy(copy.data(), x.data(), count * sizeof(T));
+                          if (options.skip) std::memcpy(copy.data() + count, skip.data(), count * sizeof(T));
                         },
                         {}});
 #if defined(__x86_64__) || defined(_M_X64)
   if constexpr (std::is_same_v<T, Float16>) {
-    if (!options.skip && options.cols % 64 == 0 && CanRunPlainFloat16()) {
+    // Its instructions are those of the avx512 kernels: available where the dispatch table offers them.
+    if (!options.skip && options.cols % 64 == 0 && CpuKernelsFor(CpuIsa::kAvx512)) {
       contenders.push_back({"plain loop", [&] { PlainFloat16Rows(batch, options.rows); }, {}});
     }
   }
 #endif
-  for (CpuIsa isa : kAllCpuIsas) {
-    const CpuKernels* kernels = CpuKernelsFor(isa);
+  for (const CpuKernels* kernels : AvailableIsas()) {
     const bool wanted = options.isas.empty() ||
-                        std::find(options.isas.begin(), options.isas.end(), CpuIsaName(isa)) != options.isas.end();
-    if (kernels && wanted) {
+                        std::find(options.isas.begin(), options.isas.end(), kernels->isa) != options.isas.end();
+    if (wanted) {
       const RowsFn<T> rows = kernels->get<T>();
       contenders.push_back({kernels->isa, [&batch, &options, rows] { rows(batch, 0, options.rows); }, {}});
     }
@@ -262,7 +243,11 @@ int Run(const Options& options) {
 int main(int argc, char** argv) {
   using namespace ort_rmsnorm;
   const Options options = Parse(argc, argv);
-  if (options.dtype == "float32") return Run<float>(options);
-  if (options.dtype == "float16") return Run<Float16>(options);
-  return Run<BFloat16>(options);
+  try {
+    if (options.dtype == "float32") return Run<float>(options);
+    if (options.dtype == "float16") return Run<Float16>(options);
+    return Run<BFloat16>(options);
+  } catch (const std::bad_alloc&) {
+    Fail("cannot allocate the buffers of " + std::to_string(options.rows) + " x " + std::to_string(options.cols));
+  }
 }
