@@ -758,17 +758,25 @@ void PrintBenchmark(const std::vector<BenchRow>& rows, double empty_us) {
                 r.bytes / r.norm_us / 1e3, 100.0 * r.copy_us / r.norm_us);
   }
   std::printf("\nempty kernel: %.2f us per launch (CUDA graph)\n", empty_us);
-  // The issue's targets, read off the rows above.
-  double worst_bandwidth = 1e9, worst_decode = -1e9;
+  // The issue's targets, read off the rows above. The copy bandwidth is the best the copy reached over the large
+  // tensors: copies of 512 MiB and more ran at two thirds of the rate of smaller ones on an H200, which would make a
+  // per-row ratio a lenient target there.
+  double copy_gbps = 0.0, worst_decode = -1e9;
+  const BenchRow* slowest = nullptr;
   for (const BenchRow& r : rows) {
     if (r.rows * r.cols >= (int64_t{1} << 26) && r.cols >= 1024) {
-      worst_bandwidth = std::min(worst_bandwidth, r.copy_us / r.norm_us);
+      copy_gbps = std::max(copy_gbps, r.bytes / r.copy_us / 1e3);
+      if (!slowest || r.bytes / r.norm_us < slowest->bytes / slowest->norm_us) slowest = &r;
     }
     if (r.rows == 1) worst_decode = std::max(worst_decode, r.norm_us - empty_us);
   }
-  if (worst_bandwidth < 1e9) {
-    std::printf("target >= 90%% of copy bandwidth (rows x H >= 64M, H >= 1024): worst %.1f%% -> %s\n",
-                100.0 * worst_bandwidth, worst_bandwidth >= 0.9 ? "met" : "NOT met");
+  if (slowest) {
+    const double fraction = slowest->bytes / slowest->norm_us / 1e3 / copy_gbps;
+    std::printf("target >= 90%% of the copy bandwidth (%.0f GB/s) for rows x H >= 64M, H >= 1024: slowest %.1f%% "
+                "(%s %s %lld x %lld) -> %s\n",
+                copy_gbps, 100.0 * fraction, slowest->op.c_str(), cuda::ElementTypeName(slowest->type),
+                static_cast<long long>(slowest->rows), static_cast<long long>(slowest->cols),
+                fraction >= 0.9 ? "met" : "NOT met");
   }
   std::printf("target decode (1 x H) within 2 us of an empty launch: worst +%.2f us -> %s\n", worst_decode,
               worst_decode <= 2.0 ? "met" : "NOT met");
