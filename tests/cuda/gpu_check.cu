@@ -104,7 +104,9 @@ struct Emulator {
       }
     } else {
       std::vector<cuda::RegisterRow<T, S, kSkip, E, N>> slices(static_cast<size_t>(group));
-      for (int t = 0; t < group; ++t) sum_squares += slices[static_cast<size_t>(t)].Load(typed, base, t, group);
+      for (int t = 0; t < group; ++t) {
+        sum_squares += slices[static_cast<size_t>(t)].Load(typed, base, t, group, scale);
+      }
       if (FastPathIsAccurate(sum_squares, typed.epsilon)) {
         const float factor = static_cast<float>(InverseRms(sum_squares, typed.cols, typed.epsilon,
                                                                  typed.eps_outside_sqrt));
