@@ -1,11 +1,13 @@
 // Standalone check of the CUDA kernels, without onnxruntime (custom_op_src/cuda launchers called directly).
 //
-//   ort_rmsnorm_gpu_check [--json FILE] [--quick] [--no-bench]
+//   ort_rmsnorm_gpu_check [--json FILE] [--quick] [--no-bench] [--plans]
 //       on a GPU: numerics of every type pair, row length (odd sizes, scalar fallback, two-pass), both epsilon
 //       placements, epsilon 0, SkipRMSNorm with and without `sum`, in place, misaligned pointers, scale layouts
 //       (none, per element, one value, broadcast), rows whose statistic needs float64, NaN/inf, against a float64
 //       reference computed on the host; CUDA graph capture; then the benchmark (unless --no-bench): RMSNorm and
-//       SkipRMSNorm against a device-to-device copy of the same bytes, decode latency against an empty kernel.
+//       SkipRMSNorm against a device-to-device copy of the same bytes, decode latency against an empty kernel;
+//       with --plans, also other launch plans for the same calls (more threads per row, a grid of every row block),
+//       the data for tuning PlanLaunch.
 //   ort_rmsnorm_gpu_check --emulate [--quick]
 //       no GPU needed: the kernels' row code (rmsnorm_kernels.cuh, host-compiled) run by the CPU under the same
 //       launch plans, against the same reference. Checks the indexing, plans and numerics, not the GPU.
@@ -122,6 +124,44 @@ struct Emulator {
   }
 };
 
+// Launch plans other than PlanLaunch's for a call (vector accesses only; empty for the two-pass kernel): a grid of
+// every row block instead of one sized to the GPU, and 2 or 4 times the threads per row with as many times fewer
+// accesses each. Each is a plan PlanLaunch makes for some other row length, so the kernels handle it.
+std::vector<std::pair<std::string, cuda::LaunchPlan>> AlternativePlans(const cuda::NormArgs& args,
+                                                                       const cuda::DeviceInfo& device) {
+  const cuda::LaunchPlan plan = cuda::PlanLaunch(args, device);
+  std::vector<std::pair<std::string, cuda::LaunchPlan>> plans;
+  if (plan.vecs == 0 || plan.width == 1) return plans;
+  cuda::LaunchPlan every_block = plan;
+  const int64_t rows_per_block = plan.block / plan.group;
+  every_block.grid = (args.rows + rows_per_block - 1) / rows_per_block;
+  if (every_block.grid != plan.grid) plans.emplace_back("every row block", every_block);
+  for (int factor : {2, 4}) {
+    if (plan.vecs % factor != 0 || plan.group * factor > cuda::kMaxVectorThreads) continue;
+    cuda::LaunchPlan wider = plan;
+    wider.group = wider.block = plan.group * factor;
+    wider.vecs = plan.vecs / factor;
+    const int64_t blocks_per_sm =
+        std::clamp<int64_t>(device.max_threads_per_sm / wider.block, 1, cuda::kMaxBlocksPerSm);
+    wider.grid = std::min<int64_t>(args.rows, int64_t{device.sm_count} * blocks_per_sm);
+    plans.emplace_back(std::to_string(factor) + "x threads per row", wider);
+  }
+  for (auto& [name, p] : plans) {
+    name += " (G " + std::to_string(p.group) + ", N " + std::to_string(p.vecs) + ", grid " + std::to_string(p.grid) +
+            ")";
+  }
+  return plans;
+}
+
+cudaError_t LaunchWithPlan(const cuda::NormArgs& args, const cuda::LaunchPlan& plan, cudaStream_t stream) {
+  switch (args.type) {
+    case ElementType::kFloat32: return cuda::LaunchFloat32(args, plan, stream);
+    case ElementType::kFloat16: return cuda::LaunchFloat16(args, plan, stream);
+    case ElementType::kBFloat16: return cuda::LaunchBFloat16(args, plan, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
 class Executor {
  public:
   explicit Executor(bool emulate) : emulate_(emulate) {
@@ -182,11 +222,12 @@ class Executor {
     }
   }
 
-  // Returns the plan used, for coverage.
-  cuda::LaunchPlan Launch(const cuda::NormArgs& args) {
-    const cuda::LaunchPlan plan = cuda::PlanLaunch(args, device_);
+  // Through LaunchRmsNorm, or with `other_plan` (one of AlternativePlans) when given. Returns the plan used, for
+  // coverage.
+  cuda::LaunchPlan Launch(const cuda::NormArgs& args, const cuda::LaunchPlan* other_plan = nullptr) {
+    const cuda::LaunchPlan plan = other_plan ? *other_plan : cuda::PlanLaunch(args, device_);
     if (!emulate_) {
-      CHECK_CUDA(cuda::LaunchRmsNorm(args, device_, stream_));
+      CHECK_CUDA(other_plan ? LaunchWithPlan(args, plan, stream_) : cuda::LaunchRmsNorm(args, device_, stream_));
       CHECK_CUDA(cudaStreamSynchronize(stream_));
       return plan;
     }
@@ -258,6 +299,7 @@ struct Case {
   bool eps_outside_sqrt = false;
   bool misaligned = false;  // x, skip, y, sum start one element past a 16-byte boundary
   bool in_place = false;    // y over x, sum over skip
+  int other_plan = -1;      // >= 0: launched with AlternativePlans(...)[other_plan] instead of PlanLaunch's plan
 
   int64_t ScaleCount() const {
     switch (scale) {
@@ -345,7 +387,8 @@ bool SameBits(float a, float b) {
 }
 
 // Runs one case and compares y with the float64 reference and `sum` with round_T(x + skip) bit for bit.
-// Returns y (as computed), for callers that check more.
+// Returns y (as computed), for callers that check more; nothing when the call has no alternative plan
+// `c.other_plan`.
 template <typename T, typename S>
 std::vector<T> RunCase(Executor& executor, Results& results, const Case& c, const std::vector<T>& x,
                        const std::vector<T>& skip, const std::vector<S>& scale) {
@@ -385,8 +428,15 @@ std::vector<T> RunCase(Executor& executor, Results& results, const Case& c, cons
       args.scale_type = ElementType::kFloat32;
     }
   }
-  const cuda::LaunchPlan plan = executor.Launch(args);
-  results.variants.insert(VariantName(TypeName<T>(), plan));
+  const auto other_plans = AlternativePlans(args, executor.device());
+  if (c.other_plan >= static_cast<int>(other_plans.size())) {
+    executor.FreeAll();
+    return {};
+  }
+  const bool other = c.other_plan >= 0;
+  const cuda::LaunchPlan plan =
+      executor.Launch(args, other ? &other_plans[static_cast<size_t>(c.other_plan)].second : nullptr);
+  results.variants.insert(other ? std::string(TypeName<T>()) + " other plan" : VariantName(TypeName<T>(), plan));
   std::vector<T> y(n), sum(args.sum ? n : 0);
   executor.Download(y.data(), args.y, bytes);
   if (args.sum) executor.Download(sum.data(), args.sum, bytes);
@@ -522,6 +572,8 @@ void RunMatrix(Executor& executor, Results& results, bool quick) {
     Case c;
     c.rows = rows, c.cols = cols, c.skip = c.sum_output = true;
     RunRandomCase<T, S>(executor, results, rng, c, 3.0);
+    // The same under the other launch plans that --plans times (at most three per call).
+    for (c.other_plan = 0; c.other_plan < 3; ++c.other_plan) RunRandomCase<T, S>(executor, results, rng, c, 3.0);
   }
   // A 3-D normalized block (axis = -3) with a scale varying along the middle dim only.
   Case c;
@@ -622,6 +674,8 @@ void CheckCoverage(Results& results) {
       const std::string name = std::string(type) + " " + variant;
       results.Expect(results.variants.count(name) == 1, "kernel variant exercised: " + name);
     }
+    results.Expect(results.variants.count(std::string(type) + " other plan") == 1,
+                   std::string("alternative launch plans exercised: ") + type);
   }
 }
 
@@ -684,6 +738,7 @@ struct BenchRow {
   int64_t rows, cols;
   double bytes;  // read + written
   double norm_us, copy_us;
+  std::vector<std::pair<std::string, double>> other_plans_us;  // --plans: AlternativePlans, timed the same way
 };
 
 // Rotating pools much larger than L2, so that every call streams from DRAM.
@@ -696,7 +751,7 @@ struct Pools {
   void* scale = nullptr;
 };
 
-std::vector<BenchRow> RunBenchmark(Executor& executor, bool quick, double* empty_us) {
+std::vector<BenchRow> RunBenchmark(Executor& executor, bool quick, bool other_plans, double* empty_us) {
   cudaStream_t stream = executor.stream();
   Pools pools;
   for (void** p : {&pools.x, &pools.skip, &pools.y, &pools.sum}) *p = executor.Alloc(Pools::kBytes);
@@ -724,13 +779,24 @@ std::vector<BenchRow> RunBenchmark(Executor& executor, bool quick, double* empty
           args.type = args.scale_type = type;
           args.rows = rows, args.cols = cols;
           args.scale = pools.scale;
+          auto call = [&](int i) {
+            cuda::NormArgs c = args;
+            c.x = at(pools.x, i);
+            c.y = at(pools.y, i);
+            if (skip) c.skip = at(pools.skip, i), c.sum = at(pools.sum, i);
+            return c;
+          };
           const double norm_us = MicrosecondsPerCall(stream, calls, 3, [&](int i) {
-            cuda::NormArgs call = args;
-            call.x = at(pools.x, i);
-            call.y = at(pools.y, i);
-            if (skip) call.skip = at(pools.skip, i), call.sum = at(pools.sum, i);
-            CHECK_CUDA(cuda::LaunchRmsNorm(call, executor.device(), stream));
+            CHECK_CUDA(cuda::LaunchRmsNorm(call(i), executor.device(), stream));
           });
+          std::vector<std::pair<std::string, double>> other_plans_us;
+          if (other_plans) {
+            for (const auto& other : AlternativePlans(call(0), executor.device())) {
+              other_plans_us.emplace_back(other.first, MicrosecondsPerCall(stream, calls, 3, [&](int i) {
+                                            CHECK_CUDA(LaunchWithPlan(call(i), other.second, stream));
+                                          }));
+            }
+          }
           const double copy_us = MicrosecondsPerCall(stream, calls, 3, [&](int i) {
             CHECK_CUDA(cudaMemcpyAsync(at(pools.y, i), at(pools.x, i), bytes, cudaMemcpyDeviceToDevice, stream));
             if (skip) {
@@ -738,7 +804,8 @@ std::vector<BenchRow> RunBenchmark(Executor& executor, bool quick, double* empty
                   cudaMemcpyAsync(at(pools.sum, i), at(pools.skip, i), bytes, cudaMemcpyDeviceToDevice, stream));
             }
           });
-          rows_out.push_back({skip ? "SkipRMSNorm" : "RMSNorm", type, rows, cols, moved, norm_us, copy_us});
+          rows_out.push_back(
+              {skip ? "SkipRMSNorm" : "RMSNorm", type, rows, cols, moved, norm_us, copy_us, other_plans_us});
         }
       }
     }
@@ -760,6 +827,16 @@ void PrintBenchmark(const std::vector<BenchRow>& rows, double empty_us) {
                 r.bytes / r.norm_us / 1e3, 100.0 * r.copy_us / r.norm_us);
   }
   std::printf("\nempty kernel: %.2f us per launch (CUDA graph)\n", empty_us);
+  bool header = false;
+  for (const BenchRow& r : rows) {
+    if (r.other_plans_us.empty()) continue;
+    if (!header) std::printf("\nother launch plans: time relative to PlanLaunch's (below 1: faster)\n");
+    header = true;
+    std::printf("%-12s %-9s %6lld %6lld %8.2f us:", r.op.c_str(), cuda::ElementTypeName(r.type),
+                static_cast<long long>(r.rows), static_cast<long long>(r.cols), r.norm_us);
+    for (const auto& [name, us] : r.other_plans_us) std::printf("  %s %.3f", name.c_str(), us / r.norm_us);
+    std::printf("\n");
+  }
   // The issue's targets, read off the rows above. The copy bandwidth is the best the copy reached over the large
   // tensors: copies of 512 MiB and more ran at two thirds of the rate of smaller ones on an H200, which would make a
   // per-row ratio a lenient target there.
@@ -826,10 +903,16 @@ void WriteJson(const char* path, const Executor& executor, const Results& result
     const BenchRow& r = bench[i];
     std::fprintf(f,
                  "%s\n    {\"op\": \"%s\", \"dtype\": \"%s\", \"rows\": %lld, \"hidden\": %lld, \"bytes\": %.0f, "
-                 "\"norm_us\": %.3f, \"copy_us\": %.3f, \"norm_gbps\": %.1f, \"fraction_of_copy\": %.4f}",
+                 "\"norm_us\": %.3f, \"copy_us\": %.3f, \"norm_gbps\": %.1f, \"fraction_of_copy\": %.4f, "
+                 "\"other_plans\": [",
                  i ? "," : "", r.op.c_str(), cuda::ElementTypeName(r.type), static_cast<long long>(r.rows),
                  static_cast<long long>(r.cols), r.bytes, r.norm_us, r.copy_us, r.bytes / r.norm_us / 1e3,
                  r.copy_us / r.norm_us);
+    for (size_t k = 0; k < r.other_plans_us.size(); ++k) {
+      std::fprintf(f, "%s{\"plan\": %s, \"us\": %.3f}", k ? ", " : "", JsonString(r.other_plans_us[k].first).c_str(),
+                   r.other_plans_us[k].second);
+    }
+    std::fprintf(f, "]}");
   }
   std::fprintf(f, "\n  ]\n}\n");
   std::fclose(f);
@@ -840,7 +923,7 @@ void WriteJson(const char* path, const Executor& executor, const Results& result
 
 int main(int argc, char** argv) {
   using namespace gpu_check;
-  bool emulate = false, quick = false, bench = true;
+  bool emulate = false, quick = false, bench = true, other_plans = false;
   const char* json = nullptr;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--emulate")) {
@@ -849,10 +932,12 @@ int main(int argc, char** argv) {
       quick = true;
     } else if (!std::strcmp(argv[i], "--no-bench")) {
       bench = false;
+    } else if (!std::strcmp(argv[i], "--plans")) {
+      other_plans = true;
     } else if (!std::strcmp(argv[i], "--json") && i + 1 < argc) {
       json = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: %s [--emulate] [--quick] [--no-bench] [--json FILE]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--emulate] [--quick] [--no-bench] [--plans] [--json FILE]\n", argv[0]);
       return 2;
     }
   }
@@ -884,7 +969,7 @@ int main(int argc, char** argv) {
   std::vector<BenchRow> rows;
   double empty_us = 0.0;
   if (!emulate && bench) {
-    rows = RunBenchmark(executor, quick, &empty_us);
+    rows = RunBenchmark(executor, quick, other_plans, &empty_us);
     PrintBenchmark(rows, empty_us);
   }
   if (json) WriteJson(json, executor, results, rows, empty_us);
