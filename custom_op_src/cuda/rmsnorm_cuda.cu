@@ -85,11 +85,14 @@ LaunchPlan PlanLaunch(const NormArgs& args, const DeviceInfo& device) {
         group == kWarp ? std::clamp<int64_t>(CeilDiv(args.rows, sm_count), 1, kWarpRowsPerBlock) : 1;
     plan.block = static_cast<int>(group * rows_per_block);
   }
-  // Grid sized to the GPU: at most as many blocks as the multiprocessors hold at once; each loops over rows.
-  const int64_t blocks = CeilDiv(args.rows, plan.block / plan.group);
-  const int64_t blocks_per_sm = std::clamp<int64_t>(device.max_threads_per_sm / plan.block, 1, kMaxBlocksPerSm);
-  plan.grid = std::min(blocks, sm_count * blocks_per_sm);
+  plan.grid = GpuSizedGrid(plan, args.rows, device);
   return plan;
+}
+
+int64_t GpuSizedGrid(const LaunchPlan& plan, int64_t rows, const DeviceInfo& device) {
+  const int64_t blocks = CeilDiv(rows, plan.block / plan.group);
+  const int64_t blocks_per_sm = std::clamp<int64_t>(device.max_threads_per_sm / plan.block, 1, kMaxBlocksPerSm);
+  return std::min(blocks, std::max(1, device.sm_count) * blocks_per_sm);
 }
 
 cudaError_t LaunchRmsNorm(const NormArgs& args, const DeviceInfo& device, cudaStream_t stream) {
@@ -97,7 +100,10 @@ cudaError_t LaunchRmsNorm(const NormArgs& args, const DeviceInfo& device, cudaSt
     return cudaErrorInvalidValue;
   }
   if (args.rows <= 0 || args.cols <= 0) return cudaSuccess;
-  const LaunchPlan plan = PlanLaunch(args, device);
+  return LaunchWithPlan(args, PlanLaunch(args, device), stream);
+}
+
+cudaError_t LaunchWithPlan(const NormArgs& args, const LaunchPlan& plan, cudaStream_t stream) {
   switch (args.type) {
     case ElementType::kFloat32: return LaunchFloat32(args, plan, stream);
     case ElementType::kFloat16: return LaunchFloat16(args, plan, stream);

@@ -415,6 +415,13 @@ struct LaunchPlan {
 
 LaunchPlan PlanLaunch(const NormArgs& args, const DeviceInfo& device);
 
+// Grid sized to the GPU for a plan's block and group: at most as many blocks as the multiprocessors hold at once
+// (each loops over rows), fewer when the rows need fewer.
+int64_t GpuSizedGrid(const LaunchPlan& plan, int64_t rows, const DeviceInfo& device);
+
+// Launches the kernel variant of `plan` (PlanLaunch's, or another for the same call: gpu_check --plans).
+cudaError_t LaunchWithPlan(const NormArgs& args, const LaunchPlan& plan, cudaStream_t stream);
+
 // Calls visitor.template Run<T, S, kSkip, E, N>() for the kernel variant of `plan` (N = 0: two-pass).
 template <typename T, typename S, bool kSkip, class Visitor>
 cudaError_t VisitShape(const LaunchPlan& plan, Visitor& visitor) {

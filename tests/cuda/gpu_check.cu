@@ -124,6 +124,8 @@ struct Emulator {
   }
 };
 
+constexpr int kMaxAlternativePlans = 3;  // what AlternativePlans returns at most
+
 // Launch plans other than PlanLaunch's for a call (vector accesses only; empty for the two-pass kernel): a grid of
 // every row block instead of one sized to the GPU, and 2 or 4 times the threads per row with as many times fewer
 // accesses each. Each is a plan PlanLaunch makes for some other row length, so the kernels handle it.
@@ -141,9 +143,7 @@ std::vector<std::pair<std::string, cuda::LaunchPlan>> AlternativePlans(const cud
     cuda::LaunchPlan wider = plan;
     wider.group = wider.block = plan.group * factor;
     wider.vecs = plan.vecs / factor;
-    const int64_t blocks_per_sm =
-        std::clamp<int64_t>(device.max_threads_per_sm / wider.block, 1, cuda::kMaxBlocksPerSm);
-    wider.grid = std::min<int64_t>(args.rows, int64_t{device.sm_count} * blocks_per_sm);
+    wider.grid = cuda::GpuSizedGrid(wider, args.rows, device);
     plans.emplace_back(std::to_string(factor) + "x threads per row", wider);
   }
   for (auto& [name, p] : plans) {
@@ -151,15 +151,6 @@ std::vector<std::pair<std::string, cuda::LaunchPlan>> AlternativePlans(const cud
             ")";
   }
   return plans;
-}
-
-cudaError_t LaunchWithPlan(const cuda::NormArgs& args, const cuda::LaunchPlan& plan, cudaStream_t stream) {
-  switch (args.type) {
-    case ElementType::kFloat32: return cuda::LaunchFloat32(args, plan, stream);
-    case ElementType::kFloat16: return cuda::LaunchFloat16(args, plan, stream);
-    case ElementType::kBFloat16: return cuda::LaunchBFloat16(args, plan, stream);
-  }
-  return cudaErrorInvalidValue;
 }
 
 class Executor {
@@ -227,7 +218,7 @@ class Executor {
   cuda::LaunchPlan Launch(const cuda::NormArgs& args, const cuda::LaunchPlan* other_plan = nullptr) {
     const cuda::LaunchPlan plan = other_plan ? *other_plan : cuda::PlanLaunch(args, device_);
     if (!emulate_) {
-      CHECK_CUDA(other_plan ? LaunchWithPlan(args, plan, stream_) : cuda::LaunchRmsNorm(args, device_, stream_));
+      CHECK_CUDA(other_plan ? cuda::LaunchWithPlan(args, plan, stream_) : cuda::LaunchRmsNorm(args, device_, stream_));
       CHECK_CUDA(cudaStreamSynchronize(stream_));
       return plan;
     }
@@ -428,12 +419,13 @@ std::vector<T> RunCase(Executor& executor, Results& results, const Case& c, cons
       args.scale_type = ElementType::kFloat32;
     }
   }
-  const auto other_plans = AlternativePlans(args, executor.device());
-  if (c.other_plan >= static_cast<int>(other_plans.size())) {
+  const bool other = c.other_plan >= 0;
+  const auto other_plans = other ? AlternativePlans(args, executor.device())
+                                 : std::vector<std::pair<std::string, cuda::LaunchPlan>>();
+  if (other && c.other_plan >= static_cast<int>(other_plans.size())) {
     executor.FreeAll();
     return {};
   }
-  const bool other = c.other_plan >= 0;
   const cuda::LaunchPlan plan =
       executor.Launch(args, other ? &other_plans[static_cast<size_t>(c.other_plan)].second : nullptr);
   results.variants.insert(other ? std::string(TypeName<T>()) + " other plan" : VariantName(TypeName<T>(), plan));
@@ -572,8 +564,10 @@ void RunMatrix(Executor& executor, Results& results, bool quick) {
     Case c;
     c.rows = rows, c.cols = cols, c.skip = c.sum_output = true;
     RunRandomCase<T, S>(executor, results, rng, c, 3.0);
-    // The same under the other launch plans that --plans times (at most three per call).
-    for (c.other_plan = 0; c.other_plan < 3; ++c.other_plan) RunRandomCase<T, S>(executor, results, rng, c, 3.0);
+    // The same under the other launch plans that --plans times.
+    for (c.other_plan = 0; c.other_plan < kMaxAlternativePlans; ++c.other_plan) {
+      RunRandomCase<T, S>(executor, results, rng, c, 3.0);
+    }
   }
   // A 3-D normalized block (axis = -3) with a scale varying along the middle dim only.
   Case c;
@@ -797,7 +791,7 @@ std::vector<BenchRow> RunBenchmark(Executor& executor, bool quick, bool other_pl
           if (other_plans) {
             for (const auto& other : AlternativePlans(call(0), executor.device())) {
               other_plans_us.emplace_back(other.first, MicrosecondsPerCall(stream, calls, 3, [&](int i) {
-                                            CHECK_CUDA(LaunchWithPlan(call(i), other.second, stream));
+                                            CHECK_CUDA(cuda::LaunchWithPlan(call(i), other.second, stream));
                                           }));
             }
           }
