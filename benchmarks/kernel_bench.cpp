@@ -1,9 +1,13 @@
-// kernel_bench: the CPU row kernels timed without onnxruntime, on the calling thread, against memcpy of the same
-// bytes and against a plain two-pass loop (float16 RMSNorm only: the same arithmetic without the kernels' structure,
-// see PlainFloat16Rows).
+// kernel_bench: the CPU row kernels timed without onnxruntime against memcpy of the same bytes, with streaming
+// stores also against a streaming copy (the least traffic those stores allow, see StreamingCopy), and against a
+// plain two-pass loop (float16 RMSNorm only: the same arithmetic without the kernels' structure, see
+// PlainFloat16Rows). On the calling thread, or with --threads N on N threads claiming row blocks as the library's
+// tasks do.
 // Every contender runs once per repetition, in turn, so that a change of the machine's state reaches them all; the
 // median of each is printed. Built with the kernel tests (ORT_RMSNORM_BUILD_TESTS); see benchmarks/README.md.
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -14,6 +18,7 @@
 #include <new>
 #include <random>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -33,14 +38,16 @@ struct Options {
   bool skip = false;
   bool streaming = false;
   int repetitions = 21;
+  int threads = 1;
   std::vector<std::string> isas;  // empty: every one this CPU runs
 };
 
 const char kUsage[] =
     "usage: kernel_bench [--dtype float32|float16|bfloat16] [--rows R] [--cols H] [--skip] [--streaming]\n"
-    "                    [--repetitions N] [--isa NAME[,NAME...]]\n"
+    "                    [--repetitions N] [--threads N] [--isa NAME[,NAME...]]\n"
     "  --skip        SkipRMSNorm (X + skip, writing Y and sum) instead of RMSNorm\n"
     "  --streaming   write the outputs with streaming stores, as the library does for outputs of 8 MB or more\n"
+    "  --threads     run every contender on N threads, in 64 row blocks claimed in turn (wall time)\n"
     "  --isa         kernel sets to time (default: every one this CPU runs): scalar, avx2, avx512, avx512bf16,\n"
     "                avx512fp16, neon\n";
 
@@ -77,6 +84,8 @@ Options Parse(int argc, char** argv) {
       options.cols = PositiveInteger("--cols", value());
     } else if (arg == "--repetitions") {
       options.repetitions = static_cast<int>(PositiveInteger("--repetitions", value()));
+    } else if (arg == "--threads") {
+      options.threads = static_cast<int>(std::min<int64_t>(PositiveInteger("--threads", value()), 1024));
     } else if (arg == "--skip") {
       options.skip = true;
     } else if (arg == "--streaming") {
@@ -99,17 +108,43 @@ Options Parse(int argc, char** argv) {
   return options;
 }
 
-double ThreadSeconds() {
+// The calling thread's CPU time on one thread (other processes' time slices do not count); wall time on several.
+double Seconds(int threads) {
+  if (threads > 1) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  }
   timespec now;
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
   return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
 }
 
+// A contender processes rows [begin, end) of the input.
+using RowRangeFn = std::function<void(int64_t begin, int64_t end)>;
+
 struct Contender {
   std::string name;
-  std::function<void()> run;
+  RowRangeFn rows;
   std::vector<double> seconds;  // per call, one per repetition
 };
+
+// One call of a contender: all rows on the calling thread, or on `threads` threads that claim blocks of rows in turn,
+// about 64 per call as the library cuts its streaming calls (each thread is started per call, for every contender
+// alike).
+void RunCall(const RowRangeFn& rows_fn, int64_t rows, int threads) {
+  if (threads == 1) {
+    rows_fn(0, rows);
+    return;
+  }
+  const int64_t block = std::max<int64_t>(1, rows / 64);
+  std::atomic<int64_t> next{0};
+  const auto work = [&] {
+    for (int64_t begin; (begin = next.fetch_add(block)) < rows;) rows_fn(begin, std::min(rows, begin + block));
+  };
+  std::vector<std::thread> helpers;
+  for (int t = 1; t < threads; ++t) helpers.emplace_back(work);
+  work();
+  for (std::thread& helper : helpers) helper.join();
+}
 
 #if defined(__x86_64__) || defined(_M_X64)
 #define KERNEL_BENCH_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
@@ -122,9 +157,9 @@ KERNEL_BENCH_AVX512 __m512 LoadFloat16(const Float16* p) {
 // accumulators, then widen, multiply by the factor and the scale, narrow and store a line per 32 values. No
 // prefetching, pipelining or partial vectors: the kernels' arithmetic without their structure, to show what that
 // structure adds or saves (requires cols to be a multiple of 64 and line-aligned rows).
-KERNEL_BENCH_AVX512 void PlainFloat16Rows(const RowBatch<Float16>& batch, int64_t rows) {
+KERNEL_BENCH_AVX512 void PlainFloat16Rows(const RowBatch<Float16>& batch, int64_t begin, int64_t end) {
   const int64_t n = batch.cols;
-  for (int64_t r = 0; r < rows; ++r) {
+  for (int64_t r = begin; r < end; ++r) {
     const Float16* x = batch.x + r * n;
     Float16* y = batch.y + r * n;
     const float* scale = batch.scale;
@@ -152,6 +187,22 @@ KERNEL_BENCH_AVX512 void PlainFloat16Rows(const RowBatch<Float16>& batch, int64_
     }
   }
   if (batch.streaming_stores) _mm_sfence();
+}
+
+// `bytes` bytes (a multiple of 64, 64-byte aligned) from src to dst, with streaming stores: each byte read once
+// and written once around the cache, the least memory traffic the kernels' streaming stores allow.
+void StreamingCopy(void* dst, const void* src, size_t bytes) {
+  const __m128i* from = static_cast<const __m128i*>(src);
+  __m128i* to = static_cast<__m128i*>(dst);
+  for (size_t i = 0; i < bytes / 16; i += 4) {
+    const __m128i a = _mm_load_si128(from + i), b = _mm_load_si128(from + i + 1), c = _mm_load_si128(from + i + 2),
+                  d = _mm_load_si128(from + i + 3);
+    _mm_stream_si128(to + i, a);
+    _mm_stream_si128(to + i + 1, b);
+    _mm_stream_si128(to + i + 2, c);
+    _mm_stream_si128(to + i + 3, d);
+  }
+  _mm_sfence();
 }
 #endif
 
@@ -182,17 +233,26 @@ int Run(const Options& options) {
 
   const int tensors = options.skip ? 4 : 2;
   const double bytes = static_cast<double>(tensors) * count * sizeof(T);
+  const int64_t n = options.cols;
+  // The copies move each input's rows [begin, end) (X, and skip) to the copy buffer.
+  const auto copy_rows = [&](void (*copy_fn)(void*, const void*, size_t)) {
+    return [&, copy_fn](int64_t begin, int64_t end) {
+      const size_t row_bytes = static_cast<size_t>(n) * sizeof(T);
+      copy_fn(copy.data() + begin * n, x.data() + begin * n, static_cast<size_t>(end - begin) * row_bytes);
+      if (options.skip) {
+        copy_fn(copy.data() + count + begin * n, skip.data() + begin * n, static_cast<size_t>(end - begin) * row_bytes);
+      }
+    };
+  };
   std::vector<Contender> contenders;
-  contenders.push_back({"memcpy", [&] {
-                          std::memcpy(copy.data(), x.data(), count * sizeof(T));
-                          if (options.skip) std::memcpy(copy.data() + count, skip.data(), count * sizeof(T));
-                        },
-                        {}});
+  contenders.push_back({"memcpy", copy_rows([](void* d, const void* s, size_t b) { std::memcpy(d, s, b); }), {}});
 #if defined(__x86_64__) || defined(_M_X64)
+  if (options.streaming) contenders.push_back({"stream copy", copy_rows(StreamingCopy), {}});
   if constexpr (std::is_same_v<T, Float16>) {
     // Its instructions are those of the avx512 kernels: available where the dispatch table offers them.
     if (!options.skip && options.cols % 64 == 0 && CpuKernelsFor(CpuIsa::kAvx512)) {
-      contenders.push_back({"plain loop", [&] { PlainFloat16Rows(batch, options.rows); }, {}});
+      const auto plain = [&](int64_t begin, int64_t end) { PlainFloat16Rows(batch, begin, end); };
+      contenders.push_back({"plain loop", plain, {}});
     }
   }
 #endif
@@ -201,7 +261,7 @@ int Run(const Options& options) {
                         std::find(options.isas.begin(), options.isas.end(), kernels->isa) != options.isas.end();
     if (wanted) {
       const RowsFn<T> rows = kernels->get<T>();
-      contenders.push_back({kernels->isa, [&batch, &options, rows] { rows(batch, 0, options.rows); }, {}});
+      contenders.push_back({kernels->isa, [&batch, rows](int64_t begin, int64_t end) { rows(batch, begin, end); }, {}});
     }
   }
   for (const std::string& name : options.isas) {
@@ -212,27 +272,36 @@ int Run(const Options& options) {
 
   // Calls per sample: at least 64 MB moved, so that small cases outlast the clock's resolution.
   const int calls = static_cast<int>(std::max(1.0, std::ceil(64.0 * 1024 * 1024 / bytes)));
-  for (Contender& contender : contenders) contender.run();  // warm-up: page faults, first-touch
+  const int threads = options.threads;
+  for (Contender& contender : contenders) RunCall(contender.rows, options.rows, threads);  // warm-up: first touch
   for (int repetition = 0; repetition < options.repetitions; ++repetition) {
     for (Contender& contender : contenders) {
-      const double start = ThreadSeconds();
-      for (int call = 0; call < calls; ++call) contender.run();
-      contender.seconds.push_back((ThreadSeconds() - start) / calls);
+      const double start = Seconds(threads);
+      for (int call = 0; call < calls; ++call) RunCall(contender.rows, options.rows, threads);
+      contender.seconds.push_back((Seconds(threads) - start) / calls);
     }
   }
 
-  std::printf("%s %s, %lld x %lld, %s stores, one thread, %d repetitions of %d calls (medians, thread CPU time)\n",
+  const std::string on = threads == 1 ? "one thread" : std::to_string(threads) + " threads";
+  std::printf("%s %s, %lld x %lld, %s stores, %s, %d repetitions of %d calls (medians, %s)\n",
               options.skip ? "SkipRMSNorm" : "RMSNorm", options.dtype.c_str(), static_cast<long long>(options.rows),
-              static_cast<long long>(options.cols), options.streaming ? "streaming" : "ordinary",
-              options.repetitions, calls);
-  std::printf("%-12s %12s %10s %8s %10s\n", "contender", "us per call", "ns per el", "GB/s", "x memcpy");
-  double copy_seconds = 0.0;
+              static_cast<long long>(options.cols), options.streaming ? "streaming" : "ordinary", on.c_str(),
+              options.repetitions, calls, threads == 1 ? "thread CPU time" : "wall time");
+  const auto is_stream_copy = [](const Contender& contender) { return contender.name == "stream copy"; };
+  const size_t stream_copy = std::find_if(contenders.begin(), contenders.end(), is_stream_copy) - contenders.begin();
+  const bool streaming_copy = stream_copy < contenders.size();  // with --streaming on x86-64
+  std::printf("%-12s %12s %10s %8s %10s%s\n", "contender", "us per call", "ns per el", "GB/s", "x memcpy",
+              streaming_copy ? "  x stream copy" : "");
+  std::vector<double> medians;
   for (Contender& contender : contenders) {
     std::sort(contender.seconds.begin(), contender.seconds.end());
-    const double median = contender.seconds[contender.seconds.size() / 2];
-    if (contender.name == "memcpy") copy_seconds = median;
-    std::printf("%-12s %12.1f %10.4f %8.1f %10.2f\n", contender.name.c_str(), median * 1e6, median * 1e9 / count,
-                bytes / median * 1e-9, median / copy_seconds);
+    medians.push_back(contender.seconds[contender.seconds.size() / 2]);
+  }
+  for (size_t c = 0; c < contenders.size(); ++c) {
+    std::printf("%-12s %12.1f %10.4f %8.1f %10.2f", contenders[c].name.c_str(), medians[c] * 1e6,
+                medians[c] * 1e9 / count, bytes / medians[c] * 1e-9, medians[c] / medians[0]);
+    if (streaming_copy) std::printf(" %15.2f", medians[c] / medians[stream_copy]);
+    std::printf("\n");
   }
   return 0;
 }
