@@ -89,10 +89,11 @@ LaunchPlan PlanLaunch(const NormArgs& args, const DeviceInfo& device) {
   return plan;
 }
 
+int64_t RowBlocks(const LaunchPlan& plan, int64_t rows) { return CeilDiv(rows, plan.block / plan.group); }
+
 int64_t GpuSizedGrid(const LaunchPlan& plan, int64_t rows, const DeviceInfo& device) {
-  const int64_t blocks = CeilDiv(rows, plan.block / plan.group);
   const int64_t blocks_per_sm = std::clamp<int64_t>(device.max_threads_per_sm / plan.block, 1, kMaxBlocksPerSm);
-  return std::min(blocks, std::max(1, device.sm_count) * blocks_per_sm);
+  return std::min(RowBlocks(plan, rows), std::max(1, device.sm_count) * blocks_per_sm);
 }
 
 cudaError_t LaunchRmsNorm(const NormArgs& args, const DeviceInfo& device, cudaStream_t stream) {

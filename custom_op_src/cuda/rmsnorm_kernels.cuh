@@ -415,8 +415,11 @@ struct LaunchPlan {
 
 LaunchPlan PlanLaunch(const NormArgs& args, const DeviceInfo& device);
 
+// Blocks of a plan's block and group that cover `rows` once each (the grid of one block per row block).
+int64_t RowBlocks(const LaunchPlan& plan, int64_t rows);
+
 // Grid sized to the GPU for a plan's block and group: at most as many blocks as the multiprocessors hold at once
-// (each loops over rows), fewer when the rows need fewer.
+// (each loops over rows), fewer when RowBlocks are fewer.
 int64_t GpuSizedGrid(const LaunchPlan& plan, int64_t rows, const DeviceInfo& device);
 
 // Launches the kernel variant of `plan` (PlanLaunch's, or another for the same call: gpu_check --plans).

@@ -135,8 +135,7 @@ std::vector<std::pair<std::string, cuda::LaunchPlan>> AlternativePlans(const cud
   std::vector<std::pair<std::string, cuda::LaunchPlan>> plans;
   if (plan.vecs == 0 || plan.width == 1) return plans;
   cuda::LaunchPlan every_block = plan;
-  const int64_t rows_per_block = plan.block / plan.group;
-  every_block.grid = (args.rows + rows_per_block - 1) / rows_per_block;
+  every_block.grid = cuda::RowBlocks(plan, args.rows);
   if (every_block.grid != plan.grid) plans.emplace_back("every row block", every_block);
   for (int factor : {2, 4}) {
     if (plan.vecs % factor != 0 || plan.group * factor > cuda::kMaxVectorThreads) continue;
