@@ -16,6 +16,7 @@
 #include <ctime>
 #include <functional>
 #include <new>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -245,9 +246,15 @@ int Run(const Options& options) {
     };
   };
   std::vector<Contender> contenders;
+  // The references of the "x memcpy" and "x stream copy" columns.
+  const size_t memcpy_index = contenders.size();
   contenders.push_back({"memcpy", copy_rows([](void* d, const void* s, size_t b) { std::memcpy(d, s, b); }), {}});
+  std::optional<size_t> stream_copy_index;  // with --streaming on x86-64
 #if defined(__x86_64__) || defined(_M_X64)
-  if (options.streaming) contenders.push_back({"stream copy", copy_rows(StreamingCopy), {}});
+  if (options.streaming) {
+    stream_copy_index = contenders.size();
+    contenders.push_back({"stream copy", copy_rows(StreamingCopy), {}});
+  }
   if constexpr (std::is_same_v<T, Float16>) {
     // Its instructions are those of the avx512 kernels: available where the dispatch table offers them.
     if (!options.skip && options.cols % 64 == 0 && CpuKernelsFor(CpuIsa::kAvx512)) {
@@ -287,11 +294,8 @@ int Run(const Options& options) {
               options.skip ? "SkipRMSNorm" : "RMSNorm", options.dtype.c_str(), static_cast<long long>(options.rows),
               static_cast<long long>(options.cols), options.streaming ? "streaming" : "ordinary", on.c_str(),
               options.repetitions, calls, threads == 1 ? "thread CPU time" : "wall time");
-  const auto is_stream_copy = [](const Contender& contender) { return contender.name == "stream copy"; };
-  const size_t stream_copy = std::find_if(contenders.begin(), contenders.end(), is_stream_copy) - contenders.begin();
-  const bool streaming_copy = stream_copy < contenders.size();  // with --streaming on x86-64
   std::printf("%-12s %12s %10s %8s %10s%s\n", "contender", "us per call", "ns per el", "GB/s", "x memcpy",
-              streaming_copy ? "  x stream copy" : "");
+              stream_copy_index ? "  x stream copy" : "");
   std::vector<double> medians;
   for (Contender& contender : contenders) {
     std::sort(contender.seconds.begin(), contender.seconds.end());
@@ -299,8 +303,8 @@ int Run(const Options& options) {
   }
   for (size_t c = 0; c < contenders.size(); ++c) {
     std::printf("%-12s %12.1f %10.4f %8.1f %10.2f", contenders[c].name.c_str(), medians[c] * 1e6,
-                medians[c] * 1e9 / count, bytes / medians[c] * 1e-9, medians[c] / medians[0]);
-    if (streaming_copy) std::printf(" %15.2f", medians[c] / medians[stream_copy]);
+                medians[c] * 1e9 / count, bytes / medians[c] * 1e-9, medians[c] / medians[memcpy_index]);
+    if (stream_copy_index) std::printf(" %15.2f", medians[c] / medians[*stream_copy_index]);
     std::printf("\n");
   }
   return 0;

@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <random>
@@ -124,7 +125,10 @@ struct Emulator {
   }
 };
 
-constexpr int kMaxAlternativePlans = 3;  // what AlternativePlans returns at most
+// AlternativePlans' wider plans: these times the threads per row, as many times fewer accesses each.
+constexpr int kWiderFactors[] = {2, 4};
+// What AlternativePlans returns at most: the grid of every row block, and one plan per wider factor.
+constexpr int kMaxAlternativePlans = 1 + static_cast<int>(std::size(kWiderFactors));
 
 // Launch plans other than PlanLaunch's for a call (vector accesses only; empty for the two-pass kernel): a grid of
 // every row block instead of one sized to the GPU, and 2 or 4 times the threads per row with as many times fewer
@@ -137,7 +141,7 @@ std::vector<std::pair<std::string, cuda::LaunchPlan>> AlternativePlans(const cud
   cuda::LaunchPlan every_block = plan;
   every_block.grid = cuda::RowBlocks(plan, args.rows);
   if (every_block.grid != plan.grid) plans.emplace_back("every row block", every_block);
-  for (int factor : {2, 4}) {
+  for (int factor : kWiderFactors) {
     if (plan.vecs % factor != 0 || plan.group * factor > cuda::kMaxVectorThreads) continue;
     cuda::LaunchPlan wider = plan;
     wider.group = wider.block = plan.group * factor;
