@@ -1,8 +1,8 @@
 // kernel_bench: the CPU row kernels timed without onnxruntime against memcpy of the same bytes, with streaming
 // stores also against a streaming copy (the least traffic those stores allow, see StreamingCopy), and against a
 // plain two-pass loop (float16 RMSNorm only: the same arithmetic without the kernels' structure, see
-// PlainFloat16Rows). On the calling thread, or with --threads N on N threads claiming row blocks as the library's
-// tasks do.
+// PlainFloat16Rows). On the calling thread, or with --threads N on N threads claiming the library's tasks of rows
+// (RowsPerTask) in turn.
 // Every contender runs once per repetition, in turn, so that a change of the machine's state reaches them all; the
 // median of each is printed. Built with the kernel tests (ORT_RMSNORM_BUILD_TESTS); see benchmarks/README.md.
 #include <algorithm>
@@ -48,7 +48,7 @@ const char kUsage[] =
     "                    [--repetitions N] [--threads N] [--isa NAME[,NAME...]]\n"
     "  --skip        SkipRMSNorm (X + skip, writing Y and sum) instead of RMSNorm\n"
     "  --streaming   write the outputs with streaming stores, as the library does for outputs of 8 MB or more\n"
-    "  --threads     run every contender on N threads, in 64 row blocks claimed in turn (wall time)\n"
+    "  --threads     run every contender on N threads, claiming the library's tasks of rows in turn (wall time)\n"
     "  --isa         kernel sets to time (default: every one this CPU runs): scalar, avx2, avx512, avx512bf16,\n"
     "                avx512fp16, neon\n";
 
@@ -128,18 +128,18 @@ struct Contender {
   std::vector<double> seconds;  // per call, one per repetition
 };
 
-// One call of a contender: all rows on the calling thread, or on `threads` threads that claim blocks of rows in turn,
-// about 64 per call as the library cuts its streaming calls (each thread is started per call, for every contender
-// alike).
-void RunCall(const RowRangeFn& rows_fn, int64_t rows, int threads) {
+// One call of a contender: all rows on the calling thread, or on `threads` threads that claim the library's tasks
+// in turn (RowsPerTask rows each; each thread is started per call, for every contender alike).
+void RunCall(const RowRangeFn& rows_fn, int64_t rows, int64_t rows_per_task, int threads) {
   if (threads == 1) {
     rows_fn(0, rows);
     return;
   }
-  const int64_t block = std::max<int64_t>(1, rows / 64);
   std::atomic<int64_t> next{0};
   const auto work = [&] {
-    for (int64_t begin; (begin = next.fetch_add(block)) < rows;) rows_fn(begin, std::min(rows, begin + block));
+    for (int64_t begin; (begin = next.fetch_add(rows_per_task)) < rows;) {
+      rows_fn(begin, std::min(rows, begin + rows_per_task));
+    }
   };
   std::vector<std::thread> helpers;
   for (int t = 1; t < threads; ++t) helpers.emplace_back(work);
@@ -280,11 +280,16 @@ int Run(const Options& options) {
   // Calls per sample: at least 64 MB moved, so that small cases outlast the clock's resolution.
   const int calls = static_cast<int>(std::max(1.0, std::ceil(64.0 * 1024 * 1024 / bytes)));
   const int threads = options.threads;
-  for (Contender& contender : contenders) RunCall(contender.rows, options.rows, threads);  // warm-up: first touch
+  const int64_t rows_per_task = RowsPerTask(options.rows, tensors * n * static_cast<int64_t>(sizeof(T)),
+                                            options.streaming);
+  const auto call = [&](const Contender& contender) {
+    RunCall(contender.rows, options.rows, rows_per_task, threads);
+  };
+  for (Contender& contender : contenders) call(contender);  // warm-up: first touch
   for (int repetition = 0; repetition < options.repetitions; ++repetition) {
     for (Contender& contender : contenders) {
       const double start = Seconds(threads);
-      for (int call = 0; call < calls; ++call) RunCall(contender.rows, options.rows, threads);
+      for (int c = 0; c < calls; ++c) call(contender);
       contender.seconds.push_back((Seconds(threads) - start) / calls);
     }
   }

@@ -10,6 +10,7 @@
 // representable result instead of inf/0.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 namespace ort_rmsnorm {
@@ -37,6 +38,20 @@ struct RowBatch {
   // ordinary store would first read each line of y from memory. Requires y and sum rows aligned to 64 bytes.
   bool streaming_stores = false;
 };
+
+// How many rows one task of a call takes when threads share the call, for rows moving `bytes_per_row` bytes each
+// (all tensors read and written). Ordinary calls are cut into tasks of about 64 KB, claimed dynamically. Streaming
+// calls into about 64 tasks of at least 256 KB: each task starts without a next row in flight (the kernels pipeline
+// and prefetch rows only within it) and ends with a fence that drains its streaming stores, which cost 10-25% with
+// rows of 64-128 KB in tasks of one or two rows.
+inline int64_t RowsPerTask(int64_t rows, int64_t bytes_per_row, bool streaming_stores) {
+  constexpr int64_t kTaskBytes = 64 * 1024;
+  constexpr int64_t kStreamingTasks = 64;
+  constexpr int64_t kMinStreamingTaskBytes = 256 * 1024;
+  const int64_t task_bytes =
+      streaming_stores ? std::max(rows * bytes_per_row / kStreamingTasks, kMinStreamingTaskBytes) : kTaskBytes;
+  return std::max<int64_t>(1, task_bytes / std::max<int64_t>(1, bytes_per_row));
+}
 
 // Normalizes rows [begin, end) of `batch`. Rows are independent: disjoint ranges may run concurrently.
 template <typename T>

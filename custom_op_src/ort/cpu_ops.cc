@@ -13,27 +13,21 @@ namespace {
 const CpuKernels* g_cpu_kernels = nullptr;  // set once, before any kernel is created
 
 // Inputs moving less than this (read + written) run inline on the calling thread: they fit in L2, and waking the
-// pool would cost more than it saves. Larger ones are cut into tasks of about kTaskBytes, claimed dynamically.
+// pool would cost more than it saves. Larger ones are cut into tasks of RowsPerTask rows, claimed dynamically.
 constexpr int64_t kInlineBytes = 128 * 1024;
-constexpr int64_t kTaskBytes = 64 * 1024;
 
 // Outputs larger than this cannot stay in the core-private caches for the next op anyway, so they are written with
 // streaming stores: an ordinary store first reads each line of the output from memory, a third more traffic than
 // the read + write a copy needs. (Only when every row starts on a cache line, as onnxruntime's allocations and the
 // usual hidden sizes give.)
 constexpr int64_t kStreamingOutputBytes = 8 * 1024 * 1024;
-// Streaming calls are cut into about 64 tasks (of at least 256 KB): each task starts without a next row in flight
-// (the kernels pipeline and prefetch rows only within it) and ends with a fence that drains its streaming stores,
-// which cost 10-25% with rows of 64-128 KB in tasks of one or two rows.
-constexpr int64_t kStreamingTasks = 64;
-constexpr int64_t kMinStreamingTaskBytes = 256 * 1024;
 
 bool LineAligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 64 == 0; }
 
 template <typename Fn>
-void ParallelRows(const Ort::KernelContext& context, int64_t rows, int64_t bytes_per_row, int64_t task_bytes,
+void ParallelRows(const Ort::KernelContext& context, int64_t rows, int64_t bytes_per_row, bool streaming_stores,
                   const Fn& fn) {
-  const int64_t rows_per_task = std::max<int64_t>(1, task_bytes / std::max<int64_t>(1, bytes_per_row));
+  const int64_t rows_per_task = RowsPerTask(rows, bytes_per_row, streaming_stores);
   const int64_t tasks = (rows + rows_per_task - 1) / rows_per_task;
   if (tasks <= 1 || rows * bytes_per_row <= kInlineBytes || RuntimeApiVersion() < kApiParallelFor) {
     fn(int64_t{0}, rows);
@@ -171,11 +165,7 @@ class CpuNormKernel {
     const int64_t row_bytes = geometry.cols * static_cast<int64_t>(sizeof(T));
     batch.streaming_stores = geometry.rows * row_bytes * (batch.sum ? 2 : 1) >= kStreamingOutputBytes &&
                              row_bytes % 64 == 0 && LineAligned(batch.y) && (!batch.sum || LineAligned(batch.sum));
-    const int64_t bytes_per_row = row_bytes * tensors_moved;
-    const int64_t task_bytes =
-        batch.streaming_stores ? std::max(geometry.rows * bytes_per_row / kStreamingTasks, kMinStreamingTaskBytes)
-                               : kTaskBytes;
-    ParallelRows(context, geometry.rows, bytes_per_row, task_bytes,
+    ParallelRows(context, geometry.rows, row_bytes * tensors_moved, batch.streaming_stores,
                  [&](int64_t begin, int64_t end) { rows_(batch, begin, end); });
   }
 
