@@ -136,8 +136,10 @@ def export(
     input_names: Sequence[str],
     output_names: Sequence[str],
     dynamic_dims: Mapping[str, Mapping[int, str]],
+    opset: int | None = None,
 ) -> None:
-    """Exports ``module`` to ``path`` with one of the torch exporters at its opset (:data:`EXPORTER_OPSET`).
+    """Exports ``module`` to ``path`` with one of the torch exporters at ``opset`` (default: the exporter's,
+    :data:`EXPORTER_OPSET`; from 23 the dynamo exporter writes ``torch.nn.RMSNorm`` as one ``RMSNormalization``).
 
     ``dynamic_dims`` maps input and output names to ``{axis: dim name}``; the same name means the same dim
     everywhere. (The dynamo exporter derives the outputs' dims itself and reads only the inputs'.)
@@ -165,7 +167,7 @@ def export(
             module,
             tuple(example_inputs),
             str(path),
-            opset_version=EXPORTER_OPSET[exporter],
+            opset_version=opset or EXPORTER_OPSET[exporter],
             input_names=list(input_names),
             output_names=list(output_names),
             **dynamic,

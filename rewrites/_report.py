@@ -38,6 +38,9 @@ class Fusion:
     """True when a residual Add was fused too (SkipRMSNorm / SkipSimplifiedLayerNormalization)."""
     rule: str
     """Name of the rule that matched (several when the residual Add was fused in a second step)."""
+    converted_from: Optional[str] = None
+    """The norm op the model had in place of the decomposed subgraph (``RMSNormalization``,
+    ``SimplifiedLayerNormalization``, ``ort_rmsnorm.RMSNorm``), converted to the target's; None for a fusion."""
 
 
 @dataclasses.dataclass
@@ -94,7 +97,8 @@ class FusionReport:
 
 
 def _form(fusion: Fusion) -> str:
-    parts = [fusion.op_type, f"axis {fusion.axis}", f"eps {fusion.eps_placement}", f"scale {fusion.scale}"]
+    op_type = fusion.op_type + (f" (from {fusion.converted_from})" if fusion.converted_from else "")
+    parts = [op_type, f"axis {fusion.axis}", f"eps {fusion.eps_placement}", f"scale {fusion.scale}"]
     dtypes = fusion.input_dtype + (f"/{fusion.scale_dtype}" if fusion.scale_dtype else "")
     return ", ".join([*parts, dtypes])
 

@@ -1,6 +1,7 @@
 """The rewrite rules: one RMSNorm rule class (its pattern composed from the spellings exporters use) instantiated
-for each possible last node of the subgraph, and a residual-Add rule that turns an Add + fused norm into the
-target's skip op.
+for each possible last node of the subgraph, one that converts a norm op already in the model (an opset-23
+``RMSNormalization`` from torch's exporter, onnxruntime's ``SimplifiedLayerNormalization``, our ``RMSNorm``) to the
+target's, and a residual-Add rule that turns an Add + fused norm into the target's skip op.
 
 A norm's subgraph ends in one of four ways (the last node decides which rule sees it first):
 
@@ -48,7 +49,18 @@ from ._facts import (
     trailing_axis,
 )
 from ._session import FusionSession, fused_node_name
-from ._targets import MS_DOMAIN, OP_DOMAIN, OP_VERSION, NormSpec, Scale, expand_scale, require_domain_version
+from ._targets import (
+    MS_DOMAIN,
+    ONNX_RMSNORM_OPSET,
+    OP_DOMAIN,
+    OP_VERSION,
+    STASH_FLOAT32,
+    NormSpec,
+    Scale,
+    default_opset,
+    expand_scale,
+    require_domain_version,
+)
 
 # ---- sub-patterns -----------------------------------------------------------------------------------------------
 
@@ -117,16 +129,41 @@ DIVISIONS = ("div", "mul", "mul_swapped")
 FORMS = {"scale_cast": 0, "scale": 1, "scale_swapped": 1, "cast": 2, **{form: 3 for form in DIVISIONS}}
 
 
-class RMSNormFusion(pattern.RewriteRuleClassBase):
+class _NormRule(pattern.RewriteRuleClassBase):
+    """A rule whose check decides the NormSpec that the target's norm op replaces the match with."""
+
+    def __init__(self, name: str, session: FusionSession) -> None:
+        super().__init__(name, remove_nodes=False)  # the check decides what may go; see FusionSession
+        self._session = session
+        self._spec: NormSpec | None = None
+        self._context = None
+        self._converted_from: str | None = None
+
+    def _adapted(self, context, analyze, anchor: ir.Node) -> NormSpec | pattern.MatchResult:
+        """``analyze()``'s spec as the target can emit it, or the failed match (recorded as a near miss)."""
+        session = self._session
+        try:
+            return session.target.adapt(analyze(), context.graph_or_function, context.model, session.types)
+        except NotFusable as error:
+            session.near_miss(context, self.name, error, anchor=anchor)
+            return pattern.MatchResult().fail(error.reason, list(error.sources))
+
+    def rewrite(self, op, **_):
+        session, context = self._session, self._context
+        name = fused_node_name(list(context.nodes), context.root, session.target.norm_op)
+        output = session.target.emit(op, self._spec, name)
+        session.fused_norm(self._spec, output.producer(), context, self.name, self._converted_from)
+        return output
+
+
+class RMSNormFusion(_NormRule):
     """A decomposed RMSNorm ending in the node ``form`` names (see the module doc) → the target's norm op."""
 
     def __init__(self, form: str, session: FusionSession, larger: list[RMSNormFusion]) -> None:
-        super().__init__(f"RMSNorm[{form}]", remove_nodes=False)  # the check decides what may go; see FusionSession
+        super().__init__(f"RMSNorm[{form}]", session)
         self.form = form
         self.rank = FORMS[form]
-        self._session = session
         self._larger = larger  # all rules; those of lower rank are the ones this rule defers to
-        self._spec: NormSpec | None = None
 
     def pattern(self, op, x, scale):
         # x: what the statistic is computed from. A pattern's root must be a node, so the division forms take any
@@ -148,26 +185,17 @@ class RMSNormFusion(pattern.RewriteRuleClassBase):
         return op.Cast(scaled, _outputs=["out_cast"])
 
     def check(self, context, x, scale, x_num=None, **bindings):
-        session = self._session
         if x_num is not None and not _same_input(x, x_num):  # x / rms(y) is no RMSNorm (e.g. Div(1, rms))
             return pattern.MatchResult().fail("divides another value than the one the rms is computed from")
-        try:
-            spec = self._analyze(context, x, scale, bindings)
-            spec = session.target.adapt(spec, context.graph_or_function, context.model, session.types)
-        except NotFusable as error:
-            session.near_miss(context, self.name, error, anchor=bindings["reduced"].producer())
-            return pattern.MatchResult().fail(error.reason, list(error.sources))
-        if not session.in_lookahead and self._deferred(context):
+        spec = self._adapted(
+            context, lambda: self._analyze(context, x, scale, bindings), anchor=bindings["reduced"].producer()
+        )
+        if isinstance(spec, pattern.MatchResult):
+            return spec
+        if not self._session.in_lookahead and self._deferred(context):
             return pattern.MatchResult().fail("deferred: a larger match ends at the next node")
         self._spec, self._context = spec, context
         return pattern.MatchResult()
-
-    def rewrite(self, op, **_):
-        session, context = self._session, self._context
-        name = fused_node_name(list(context.nodes), context.root, session.target.norm_op)
-        output = session.target.emit(op, self._spec, name)
-        session.fused_norm(self._spec, output.producer(), context, self.name)
-        return output
 
     # ---- the checks ----
 
@@ -195,7 +223,7 @@ class RMSNormFusion(pattern.RewriteRuleClassBase):
         _reject_centered(x, axis, rank, types)
         _check_intermediates(context)
         fused_x = _fused_input(x, context.output_values[0], b, types)
-        scale_spec = _scale(scale, x_shape, -axis, types) if scale is not None else None
+        scale_spec = _scale(scale, x_shape, -axis, types)
         return NormSpec(fused_x, types.dtype(fused_x), types.shape(fused_x), axis, epsilon, placement, scale_spec)
 
     def _deferred(self, context) -> bool:
@@ -352,8 +380,12 @@ def _fused_input(x: ir.Value, output: ir.Value, b: dict, types) -> ir.Value:
     return chosen
 
 
-def _scale(scale: ir.Value, x_shape, normalized: int, types) -> Scale:
-    """What multiplies the normalized value: it must broadcast onto the normalized dims alone."""
+def _scale(scale: ir.Value | None, x_shape, normalized: int, types) -> Scale | None:
+    """What multiplies the normalized value: it must broadcast onto the normalized dims alone. None for no scale, or
+    for ones that change nothing (torch's opset-23 export of a ``torch.nn.RMSNorm`` without weight passes
+    ``ConstantOfShape(Shape(x), 1)`` to RMSNormalization)."""
+    if scale is None or _ones_not_enlarging(scale, x_shape, types):
+        return None
     check_scale_shape(types.shape(scale), x_shape, normalized, scale.producer() or scale)
     dtype = types.dtype(scale)
     if dtype is None:
@@ -367,6 +399,25 @@ def _scale(scale: ir.Value, x_shape, normalized: int, types) -> Scale:
             return Scale(scale, None, "1+w", dtype)
     form = "cast tensor" if producer is not None and producer.op_type == "Cast" else "tensor"
     return Scale(scale, None, form, dtype)
+
+
+def _ones_not_enlarging(scale: ir.Value, x_shape, types) -> bool:
+    """ConstantOfShape filled with 1, of a shape that broadcasts onto X without enlarging it (its type is X's, as the
+    Mul, or the converted op's output type, requires)."""
+    producer = scale.producer()
+    if producer is None or producer.op_type != "ConstantOfShape" or producer.domain != "":
+        return False
+    fill = producer.attributes.get("value")
+    if fill is None or fill.type != ir.AttributeType.TENSOR:
+        return False  # the default fill is 0
+    array = fill.value.numpy()
+    if array.size != 1 or float(array.reshape(()).astype(np.float64)) != 1.0 or x_shape is None:
+        return False
+    try:
+        check_scale_shape(types.shape(scale), x_shape, x_shape.rank(), producer)
+    except NotFusable:
+        return False
+    return True
 
 
 def _is_one(value: ir.Value | None, types) -> bool:
@@ -387,6 +438,91 @@ def _one_plus_constant(add: ir.Node, scale: ir.Value, types) -> np.ndarray | Non
         shape = types.shape(scale)
         return folded if shape is not None and folded.shape == static_dims(shape.dims) else None
     return None
+
+
+# ---- norm ops already in the model -------------------------------------------------------------------------------
+
+# The single-output norm ops the rule converts, as the report names them. All three define ``axis`` alike (dims
+# [axis, rank) are normalized) and broadcast the scale onto those dims; the two standard ones put epsilon inside the
+# sqrt and give Y the scale's type. com.microsoft.SkipSimplifiedLayerNormalization is not converted: for 16-bit
+# types it normalizes the sum before rounding it, where SkipRMSNorm (like an Add in the graph) normalizes the rounded
+# sum.
+NORM_OPS = ("RMSNormalization", "SimplifiedLayerNormalization", f"{OP_DOMAIN}.RMSNorm")
+
+
+class NormOpConversion(_NormRule):
+    """A norm op of ``NORM_OPS`` already in the model (an exporter's opset-23 ``RMSNormalization``, onnxruntime's
+    ``SimplifiedLayerNormalization``, our ``RMSNorm``) → the target's norm op, where that computes the same thing.
+    The residual Add before it is then fused by SkipFusion as for any other norm."""
+
+    def __init__(self, source: str, session: FusionSession) -> None:
+        super().__init__(f"Convert[{source}]", session)
+        self._domain, _, self._op_type = source.rpartition(".")
+        self._converted_from = source
+
+    def pattern(self, op, x):
+        scale = pattern.Var("scale", can_match_none=True)
+        return getattr(op, self._op_type)(x, scale, _domain=self._domain, _outputs=["normed"])
+
+    def check(self, context, x, normed, scale=None, **_):
+        node = normed.producer()
+        spec = self._adapted(context, lambda: self._analyze(context, node, x, scale), anchor=node)
+        if isinstance(spec, pattern.MatchResult):
+            return spec
+        self._spec, self._context = spec, context
+        return pattern.MatchResult()
+
+    def _analyze(self, context, node: ir.Node, x: ir.Value, scale: ir.Value | None) -> NormSpec:
+        types = self._session.types
+        what = f"{self._converted_from} {label(node)}"
+        if any(value.uses() or value.is_graph_output() for value in node.outputs[1:]):
+            raise NotFusable(f"{what}: its inv_std_var output is in use (the fused ops have none)", node)
+        x_dtype = types.dtype(x)
+        if x_dtype not in NORM_DTYPES:
+            raise NotFusable(
+                f"{what}: {dtype_name(x_dtype)} input; the fused ops take float32, float16, bfloat16", node
+            )
+        if self._domain == OP_DOMAIN:
+            placement = "outside_sqrt" if int_attribute(node, "eps_outside_sqrt", 0) else "inside_sqrt"
+        else:
+            opset = default_opset(context.graph_or_function, context.model)
+            if self._op_type == "RMSNormalization" and opset < ONNX_RMSNORM_OPSET:
+                raise NotFusable(
+                    f"{what} at default opset {opset}: the op exists from opset {ONNX_RMSNORM_OPSET}", node
+                )
+            stash_type = int_attribute(node, "stash_type", STASH_FLOAT32)
+            if stash_type != STASH_FLOAT32:
+                raise NotFusable(f"{what} computes in stash_type {stash_type}, not float32", node)
+            y_dtype = types.dtype(scale) if scale is not None else None
+            if y_dtype != x_dtype:
+                raise NotFusable(
+                    f"{what} gives Y its scale's type ({dtype_name(y_dtype)}) and X is {dtype_name(x_dtype)}: the "
+                    "fused ops give Y X's type",
+                    node,
+                )
+            placement = "inside_sqrt"
+        epsilon = float_attribute(node, "epsilon", 1e-5)
+        if epsilon is None:
+            raise NotFusable(f"{what}: the epsilon attribute is not a float", node)
+        if not (math.isfinite(epsilon) and epsilon >= 0):
+            raise NotFusable(f"{what}: epsilon {epsilon:g} is not finite and >= 0", node)
+        x_shape = types.shape(x)
+        axis = _normalized_axis(node, what, x_shape.rank() if x_shape is not None else None)
+        return NormSpec(x, x_dtype, x_shape, axis, epsilon, placement, _scale(scale, x_shape, -axis, types))
+
+
+def _normalized_axis(node: ir.Node, what: str, rank: int | None) -> int:
+    """The node's ``axis`` as the fused op's (negative: -k normalizes the last k dims)."""
+    axis = int_attribute(node, "axis", -1)
+    if axis is None:
+        raise NotFusable(f"{what}: the axis attribute is not an int", node)
+    if rank is None:
+        if axis >= 0:
+            raise NotFusable(f"{what}: rank unknown, so axis {axis} names no known number of trailing dims", node)
+        return axis
+    if not -rank <= axis < rank:
+        raise NotFusable(f"{what}: axis {axis} is out of range for rank {rank}", node)
+    return axis - rank if axis >= 0 else axis
 
 
 # ---- the residual Add -------------------------------------------------------------------------------------------
@@ -501,10 +637,12 @@ class SkipFusion(pattern.RewriteRuleClassBase):
 
 
 def build_rules(session: FusionSession) -> list[pattern.RewriteRule]:
-    """The norm rules in rank order (larger matches first), then the residual rule where the target has one."""
+    """The norm rules in rank order (larger matches first), the conversions of the other norm ops, then the
+    residual rule where the target has one."""
     norm_rules: list[RMSNormFusion] = []
     norm_rules += [RMSNormFusion(form, session, norm_rules) for form in FORMS]
     rules = [_as_rule(rule) for rule in norm_rules]
+    rules += [_as_rule(NormOpConversion(source, session)) for source in NORM_OPS if source != session.target.norm_op]
     if session.target.name in ("custom", "ort"):
         rules.append(_as_rule(SkipFusion(session)))
     return rules

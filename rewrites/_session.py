@@ -82,7 +82,7 @@ class FusionSession:
         else:
             entry.nodes += [node for node in context.nodes if node not in entry.nodes]
 
-    def fused_norm(self, spec: NormSpec, node: ir.Node, context, rule: str) -> None:
+    def fused_norm(self, spec: NormSpec, node: ir.Node, context, rule: str, converted_from: str | None = None) -> None:
         replaced = context.output_values[0]
         record = Fusion(
             op_type=self.target.norm_op,
@@ -98,6 +98,7 @@ class FusionSession:
             scale_dtype=dtype_name(spec.scale.dtype) if spec.scale is not None else None,
             skip=False,
             rule=rule,
+            converted_from=converted_from,
         )
         self.fused.append(FusedNode(node, record, list(context.nodes), [self._facts(replaced)]))
         self._learn(node)

@@ -23,7 +23,7 @@ class Exported:
 @pytest.fixture(scope="session")
 def exported(tmp_path_factory):
     """``exported(case, exporter, dtype)``: the case's module exported with dynamic batch and sequence dims."""
-    from export.models import CASES, build  # tests/ is on sys.path; imports torch
+    from export.models import CASES, EXPORT_VARIANTS, build  # tests/ is on sys.path; imports torch
 
     from ort_rmsnorm.exporters import TORCH_DTYPES, export
 
@@ -38,7 +38,8 @@ def exported(tmp_path_factory):
             example = case.example_input(TORCH_DTYPES[dtype])
             path = folder / f"{case_name}.{exporter}.{dtype}.onnx"
             name = "input_ids" if case.input_kind == "tokens" else "x"
-            export(module, (example,), path, exporter=exporter, input_names=[name], output_names=["y"],
+            kind, opset = EXPORT_VARIANTS[exporter]
+            export(module, (example,), path, exporter=kind, opset=opset, input_names=[name], output_names=["y"],
                    dynamic_dims={name: {0: "batch", 1: "sequence"}, "y": {0: "batch", 1: "sequence"}})
             cache[key] = Exported(path, module, example)
         return cache[key]

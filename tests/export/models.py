@@ -111,6 +111,17 @@ class Phi3MLP(nn.Module):
         return self.down_proj(nn.functional.silu(gate) * up)
 
 
+def torch_rmsnorm_llama(config: LlamaConfig) -> LlamaModel:
+    """The decoder with torch.nn.RMSNorm in place of every LlamaRMSNorm: at opset 23 the dynamo exporter writes each
+    as one RMSNormalization, after a residual Add in all but the first."""
+    model = build_llama(config)
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, LlamaRMSNorm):
+                setattr(module, name, nn.RMSNorm(child.weight.shape[0], eps=child.variance_epsilon))
+    return model
+
+
 def phi3_style_llama(config: LlamaConfig) -> LlamaModel:
     model = build_llama(config)
     for layer in model.layers:
@@ -163,8 +174,14 @@ CASES = {
         Case("llama_decoder", lambda: build_llama(DECODER_CONFIG), input_kind="tokens"),
         Case("llama_decoder_float32_logits", lambda: Float32Logits(build_llama(DECODER_CONFIG)), input_kind="tokens"),
         Case("phi3_style_decoder", lambda: phi3_style_llama(DECODER_CONFIG), input_kind="tokens"),
+        Case("torch_rmsnorm_decoder", lambda: torch_rmsnorm_llama(DECODER_CONFIG), input_kind="tokens"),
     ]
 }
+
+# How each exporter name of the tests exports: (torch exporter, opset; None: its default, EXPORTER_OPSET).
+EXPORT_VARIANTS = {"torchscript": ("torchscript", None), "dynamo": ("dynamo", None), "dynamo-opset23": ("dynamo", 23)}
+# Only torch.nn.RMSNorm exports differently at opset 23 (one RMSNormalization): the other modules write their math out.
+OPSET23_CASES = {name for name in CASES if name.startswith("torch_rmsnorm")}
 
 
 def build(case: Case, dtype: torch.dtype) -> nn.Module:

@@ -132,12 +132,14 @@ def test_report_json_and_summary():
         "scale_dtype",
         "skip",
         "rule",
+        "converted_from",
     }
-    assert (fusion["op_type"], fusion["location"], fusion["scale"], fusion["skip"]) == (
+    assert (fusion["op_type"], fusion["location"], fusion["scale"], fusion["skip"], fusion["converted_from"]) == (
         "ort_rmsnorm.RMSNorm",
         "main graph",
         "none",
         False,
+        None,
     )
     (skipped,) = data["skipped"]
     assert set(skipped) == {"location", "nodes", "reason", "rule", "fused_as"} and skipped["fused_as"] == fusion["node"]
