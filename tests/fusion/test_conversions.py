@@ -21,6 +21,7 @@ SOURCES = {  # op → domain
     "RMSNorm": "ort_rmsnorm",
 }
 TARGET_OPS = {"custom": "RMSNorm", "onnx": "RMSNormalization", "ort": "SimplifiedLayerNormalization"}
+SKIP_OPS = {"custom": "SkipRMSNorm", "ort": "SkipSimplifiedLayerNormalization"}
 PAIRS = [(source, target) for source in SOURCES for target, op in TARGET_OPS.items() if op != source]
 
 
@@ -114,8 +115,7 @@ def test_norm_op_converted_exactly(source, target, variant, rng):
         return
 
     skip_fused = case.residual and target != "onnx"  # the onnx target has no residual op
-    op_type = {"custom": "SkipRMSNorm", "ort": "SkipSimplifiedLayerNormalization"}[target] if skip_fused else \
-        TARGET_OPS[target]
+    op_type = SKIP_OPS[target] if skip_fused else TARGET_OPS[target]
     (node,) = fused_nodes(fused, op_type)
     kept = {"Add"} if case.residual and not skip_fused else set()
     assert {n.op_type for n in fused.graph.node} - {"Constant"} == {op_type, *kept}  # Constant: an expanded scale
