@@ -122,8 +122,9 @@ def expressible(truth: NormTruth, target: str, opset: int) -> bool:
 def check_report(case: Case, target: str, fused: onnx.ModelProto, report) -> None:
     opset = 23 if upgrade_for(case, target) else case.plan.opset
     # Casts that a neighbouring norm's fusion may take (see Case.absorbable) belong to no block here.
-    owner = {name: truth for truth in case.norms for name in truth.nodes if name not in case.absorbable}
+    # A norm's last node may be an Add that the next norm takes as its residual (a bias of X's whole shape).
     adds = {residual.add: residual for residual in case.residuals}
+    owner = {name: truth for truth in case.norms for name in truth.nodes if name not in case.absorbable | adds.keys()}
     nodes = {node.name: node for node in all_nodes(fused)}
     generated = {node.name for node in all_nodes(case.model)}
     for graph in graph_likes(fused):
@@ -154,8 +155,9 @@ def check_report(case: Case, target: str, fused: onnx.ModelProto, report) -> Non
         took_cast = any(name in case.absorbable for name in fusion.replaced_nodes)  # X may be the source then
         _check_fusion(truth, fusion, nodes.get(fusion.node), target, took_cast)
 
+    others_may_take = case.absorbable | adds.keys()
     for truth in case.norms:
-        _check_norm(truth, fusion_of.get(truth.block), report, owner, nodes, target, opset, case.absorbable)
+        _check_norm(truth, fusion_of.get(truth.block), report, owner, nodes, target, opset, others_may_take)
     for residual in case.residuals:
         _check_residual(residual, fusion_with_add.get(residual.add), fusion_of, report, nodes, target, case.absorbable)
     missing = [name for name in case.kept if name not in nodes]
@@ -211,9 +213,10 @@ def _check_fusion(truth: NormTruth, fusion, node: onnx.NodeProto | None, target:
         assert fusion.scale == truth.scale_form, (fusion.scale, truth.scale_form)
 
 
-def _check_norm(truth: NormTruth, fusion, report, owner, nodes, target: str, opset: int, absorbable: set[str]) -> None:
-    """A near miss or LayerNorm is reported with its reason and keeps its nodes; a true norm is fused (where the
-    target expresses it) without leaving anything of its decomposition, with or without its scale as generated."""
+def _check_norm(truth: NormTruth, fusion, report, owner, nodes, target: str, opset: int, others_may_take: set) -> None:
+    """A near miss or LayerNorm is reported with its reason and keeps its nodes (but those a neighbouring fusion may
+    take); a true norm is fused (where the target expresses it) without leaving anything of its decomposition, with or
+    without its scale as generated."""
     entries = [entry for entry in report.skipped if any(owner.get(name) is truth for name in entry.nodes)]
     reasons = [entry.reason for entry in entries]
     # What a fused norm leaves out (a scale varying along batch axes) is reported where the target could have taken
@@ -223,7 +226,7 @@ def _check_norm(truth: NormTruth, fusion, report, owner, nodes, target: str, ops
         assert any(truth.reason in reason for reason in reasons), f"{truth.block} ({truth.norm.kind}): {reasons}"
     if not truth.fuses:
         assert fusion is None
-        gone = [name for name in truth.nodes if name not in nodes and name not in absorbable]
+        gone = [name for name in truth.nodes if name not in nodes and name not in others_may_take]
         assert not gone, f"{truth.norm.kind} block {truth.block} lost {gone}"
         return
     if fusion is None:

@@ -404,6 +404,10 @@ class Builder:
             y = cast(y, out_dtype, stream_dtype)
             out_dtype = stream_dtype
         names = self._merge(scope, g, norm.commute)
+        last = g.nodes[-1]
+        if norm.bias and (last.op_type, last.output[0]) == ("Add", y) and scale_shape == x.shape:
+            # A bias of X's whole shape, added last: two tensors of one shape, a residual add to the next norm.
+            self._add_truth(scope, prefix, last.name, y, same_shape=True)
         # Casts another norm's fusion may take: one that changes no value (a neighbouring norm looks through it, or
         # ends in it), and a cast of the output of the norm right before (a norm may end in a cast: Gemma).
         self.absorbable.update(exact_casts)
@@ -497,12 +501,11 @@ class Builder:
         second = self._norm(scope, f"{prefix}b/", parallel.second, x)
         g = self._builder(scope, prefix)
         total = g.op("Add", first.name, second.name)
-        self._add_truth(scope, prefix, g, parallel.commute, total, same_shape=True)
+        self._add_truth(scope, prefix, self._merge(scope, g, parallel.commute)[-1], total, same_shape=True)
         return Value(total, first.dtype, x.shape)
 
-    def _add_truth(self, scope: Scope, prefix: str, g: GraphBuilder, commute: int, total: str, same_shape: bool) -> None:
-        """Records an Add (the last node of ``g``) that the next norm may take as its residual."""
-        add = self._merge(scope, g, commute)[-1]
+    def _add_truth(self, scope: Scope, prefix: str, add: str, total: str, same_shape: bool) -> None:
+        """Records an Add (the block's last node) that the next norm may take as its residual."""
         truth = ResidualTruth(prefix.rstrip("/"), scope.location, add, total, same_shape)
         self.residuals.append(truth)
         scope.pending_residual = truth
@@ -522,7 +525,7 @@ class Builder:
             candidates = [value for value in scope.values if value.dtype == x.dtype and value.shape == x.shape]
             other = candidates[residual.index % len(candidates)].name
         total = g.op("Add", x.name, other)
-        self._add_truth(scope, prefix, g, residual.commute, total, same_shape)
+        self._add_truth(scope, prefix, self._merge(scope, g, residual.commute)[-1], total, same_shape)
         out = Value(total, x.dtype, x.shape)
         if residual.expose and scope.main:
             self._graph_output(out)

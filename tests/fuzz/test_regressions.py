@@ -128,3 +128,21 @@ def test_residual_truth_stays_in_its_scope():
     readers = {residual.add: [norm.block for norm in residual.next_norms] for residual in case.residuals}
     assert readers == {"s0/b0/Add_1": [], "b1/Add_1": ["b2"]}
     check_case(case, "custom")
+
+
+@pytest.mark.parametrize("target", ["custom", "ort"])
+def test_bias_of_the_whole_shape_is_a_residual_add(target):
+    """Generator error (m): a LayerNorm whose bias has the input's whole shape ((1, 8) on (1, 8)) ends in an Add of
+    two tensors of one shape, which the next norm fuses as its residual add (exactly: the skip op adds them as the
+    graph did). The ground truth counted that Add as the LayerNorm's, so the check took the fusion for one that
+    reached into a LayerNorm."""
+    layernorm = Norm(kind="layernorm", spelling=Spelling(axes=(-2, -1), eps="constant_node", epsilon=0.0625),
+                     scale_shape=(1, 8), center_axes=(-2, -1), bias=True)
+    case = build(Plan(dtype="float16", shape=(1, 8), blocks=(layernorm, Norm(spelling=EPS, scale_shape=(1,)))))
+
+    (residual,) = case.residuals
+    assert residual.add == case.norms[0].nodes[-1] and [norm.block for norm in residual.next_norms] == ["b1"]
+    fused, report = ort_rmsnorm.fuse(case.model, target=target)
+    (fusion,) = report.fusions
+    assert fusion.skip and residual.add in fusion.replaced_nodes
+    check_case(case, target)
