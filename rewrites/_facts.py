@@ -171,14 +171,18 @@ def constant_array(value: ir.Value | None, types: TypeTable, depth: int = 0) -> 
         return None
 
 
-def constant_scalar(value: ir.Value | None, types: TypeTable) -> float | None:
-    """A constant with one element (any rank, all dims 1), as a Python float; None otherwise."""
-    array = constant_array(value, types)
+def scalar_of(array: np.ndarray | None) -> float | None:
+    """A numeric array with one element (any rank, all dims 1), as a Python float; None otherwise."""
     if array is None or array.size != 1:
         return None
     if array.dtype.kind not in "fiu" and array.dtype.name != "bfloat16":
         return None
     return float(array.reshape(()).astype(np.float64))
+
+
+def constant_scalar(value: ir.Value | None, types: TypeTable) -> float | None:
+    """A constant with one element (any rank, all dims 1), as a Python float; None otherwise."""
+    return scalar_of(constant_array(value, types))
 
 
 def require_scalar(value: ir.Value | None, what: str, types: TypeTable, max_rank: int | None) -> float:

@@ -37,6 +37,7 @@ from ._facts import (
     check_dropped_dims,
     check_scale_shape,
     constant_array,
+    constant_scalar,
     dtype_name,
     float_attribute,
     int_attribute,
@@ -45,11 +46,13 @@ from ._facts import (
     require_scalar,
     format_shape,
     same_shape,
+    scalar_of,
     static_dims,
     trailing_axis,
 )
 from ._session import FusionSession, fused_node_name
 from ._targets import (
+    DEFAULT_EPSILON,
     MS_DOMAIN,
     ONNX_RMSNORM_OPSET,
     OP_DOMAIN,
@@ -286,8 +289,7 @@ def _epsilon(b: dict, rank, types) -> tuple[float, str]:
     if b.get("epsilon") is None:
         return 0.0, "none"
     value = require_scalar(b["epsilon"], "epsilon", types, rank)
-    if not (math.isfinite(value) and value >= 0):
-        raise NotFusable(f"epsilon {value:g} is not finite and >= 0", b["epsilon"])
+    _check_epsilon(value, "", b["epsilon"])
     rms = b.get("rms")
     outside = rms is not None and rms.producer().op_type == "Add"
     return value, "outside_sqrt" if outside else "inside_sqrt"
@@ -401,6 +403,17 @@ def _scale(scale: ir.Value | None, x_shape, normalized: int, types) -> Scale | N
     return Scale(scale, None, form, dtype)
 
 
+def _check_epsilon(value: float, what: str, source) -> None:
+    if not (math.isfinite(value) and value >= 0):
+        raise NotFusable(f"{what}epsilon {value:g} is not finite and >= 0", source)
+
+
+def _require_stash_float32(node: ir.Node, what: str) -> None:
+    stash_type = int_attribute(node, "stash_type", STASH_FLOAT32)
+    if stash_type != STASH_FLOAT32:
+        raise NotFusable(f"{what} computes in stash_type {stash_type}, not float32", node)
+
+
 def _ones_not_enlarging(scale: ir.Value, x_shape, types) -> bool:
     """ConstantOfShape filled with 1, of a shape that broadcasts onto X without enlarging it (its type is X's, as the
     Mul, or the converted op's output type, requires)."""
@@ -410,8 +423,7 @@ def _ones_not_enlarging(scale: ir.Value, x_shape, types) -> bool:
     fill = producer.attributes.get("value")
     if fill is None or fill.type != ir.AttributeType.TENSOR:
         return False  # the default fill is 0
-    array = fill.value.numpy()
-    if array.size != 1 or float(array.reshape(()).astype(np.float64)) != 1.0 or x_shape is None:
+    if scalar_of(fill.value.numpy()) != 1.0 or x_shape is None:
         return False
     try:
         check_scale_shape(types.shape(scale), x_shape, x_shape.rank(), producer)
@@ -421,8 +433,7 @@ def _ones_not_enlarging(scale: ir.Value, x_shape, types) -> bool:
 
 
 def _is_one(value: ir.Value | None, types) -> bool:
-    array = constant_array(value, types)
-    return array is not None and array.size == 1 and float(array.reshape(()).astype(np.float64)) == 1.0
+    return constant_scalar(value, types) == 1.0
 
 
 def _one_plus_constant(add: ir.Node, scale: ir.Value, types) -> np.ndarray | None:
@@ -490,9 +501,7 @@ class NormOpConversion(_NormRule):
                 raise NotFusable(
                     f"{what} at default opset {opset}: the op exists from opset {ONNX_RMSNORM_OPSET}", node
                 )
-            stash_type = int_attribute(node, "stash_type", STASH_FLOAT32)
-            if stash_type != STASH_FLOAT32:
-                raise NotFusable(f"{what} computes in stash_type {stash_type}, not float32", node)
+            _require_stash_float32(node, what)
             y_dtype = types.dtype(scale) if scale is not None else None
             if y_dtype != x_dtype:
                 raise NotFusable(
@@ -501,11 +510,10 @@ class NormOpConversion(_NormRule):
                     node,
                 )
             placement = "inside_sqrt"
-        epsilon = float_attribute(node, "epsilon", 1e-5)
+        epsilon = float_attribute(node, "epsilon", DEFAULT_EPSILON)
         if epsilon is None:
             raise NotFusable(f"{what}: the epsilon attribute is not a float", node)
-        if not (math.isfinite(epsilon) and epsilon >= 0):
-            raise NotFusable(f"{what}: epsilon {epsilon:g} is not finite and >= 0", node)
+        _check_epsilon(epsilon, f"{what}: ", node)
         x_shape = types.shape(x)
         axis = _normalized_axis(node, what, x_shape.rank() if x_shape is not None else None)
         return NormSpec(x, x_dtype, x_shape, axis, epsilon, placement, _scale(scale, x_shape, -axis, types))
@@ -567,7 +575,7 @@ class SkipFusion(pattern.RewriteRuleClassBase):
             gamma = self._gamma
             if isinstance(gamma, np.ndarray):
                 gamma = op.Constant(value=ir.tensor(gamma, name=f"{name}/gamma"), _outputs=[f"{name}/gamma"])
-            epsilon = float_attribute(norm, "epsilon", 1e-5)
+            epsilon = float_attribute(norm, "epsilon", DEFAULT_EPSILON)
             outputs = op.SkipSimplifiedLayerNormalization(
                 a, b, gamma, _domain=MS_DOMAIN, _outputs=4, _name=name, epsilon=epsilon
             )
@@ -614,9 +622,7 @@ class SkipFusion(pattern.RewriteRuleClassBase):
                 f"{label(norm)} has axis {axis} on an input of shape {format_shape(shape)}",
                 norm,
             )
-        stash_type = int_attribute(norm, "stash_type", int(ir.DataType.FLOAT))
-        if stash_type != int(ir.DataType.FLOAT):
-            raise NotFusable(f"{label(norm)} computes in stash_type {stash_type}, not float32", norm)
+        _require_stash_float32(norm, label(norm))
         if scale is None or types.dtype(scale) != types.dtype(norm.inputs[0]):
             raise NotFusable("SkipSimplifiedLayerNormalization needs gamma of the input's type", norm)
         hidden = shape.dims[-1]

@@ -12,7 +12,7 @@ import onnx_ir as ir
 from ._facts import NotFusable, TypeTable, dtype_name, float_attribute, int_attribute, label
 from ._inference import Annotations, call_sites, graph_likes, values_of
 from ._report import Fusion, FusionReport, Skipped
-from ._targets import NormSpec, Target, get_target
+from ._targets import DEFAULT_EPSILON, NormSpec, Target, get_target
 
 
 @dataclasses.dataclass
@@ -202,7 +202,7 @@ def _record_of_existing_norm(norm: ir.Node, target: str, location: str, types: T
         replaced_nodes=[],
         location=location,
         axis=int_attribute(norm, "axis", -1),
-        epsilon=as_float32(float_attribute(norm, "epsilon", 1e-5)),
+        epsilon=as_float32(float_attribute(norm, "epsilon", DEFAULT_EPSILON)),
         eps_placement=placement,
         scale="tensor" if scale is not None else "none",
         input_dtype=dtype_name(types.dtype(norm.inputs[0])),

@@ -23,6 +23,7 @@ OP_VERSION = 1
 MS_DOMAIN = "com.microsoft"
 ONNX_RMSNORM_OPSET = 23
 STASH_FLOAT32 = int(ir.DataType.FLOAT)
+DEFAULT_EPSILON = 1e-5  # the epsilon attribute's default in every norm op the pass reads or writes
 
 
 @dataclasses.dataclass
