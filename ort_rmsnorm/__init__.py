@@ -8,10 +8,9 @@
 from __future__ import annotations
 
 from ._library import build_info, get_library_path, has_cuda, register, session_options
+from .contract import OP_DOMAIN, OP_VERSION
 
 __version__ = "0.1.0"
-OP_DOMAIN = "ort_rmsnorm"
-OP_VERSION = 1
 
 __all__ = [
     "OP_DOMAIN",

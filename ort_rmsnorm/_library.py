@@ -54,6 +54,16 @@ def build_info() -> dict:
     return json.loads(info_path.read_text())
 
 
+def package_version() -> str:
+    """The installed package's version (its one home is pyproject.toml)."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("ort-rmsnorm")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that is not installed
+        return str(build_info().get("version", "unknown"))
+
+
 def has_cuda() -> bool:
     """True when the library was built with the CUDA kernels (CUDAExecutionProvider overloads)."""
     return bool(build_info().get("cuda", False))

@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
+from .contract import DEFAULT_TARGET, TARGETS
+
 PROG = "ort-rmsnorm"
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
 
@@ -128,7 +130,7 @@ def add_fuse_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", type=Path, metavar="IN.onnx", help="model to fuse (never modified)")
     parser.add_argument("destination", type=Path, metavar="OUT.onnx",
                         help="fused model, written atomically; external data goes to OUT.onnx.data")
-    parser.add_argument("--target", choices=["custom", "onnx", "ort"], default="custom",
+    parser.add_argument("--target", choices=TARGETS, default=DEFAULT_TARGET,
                         help="custom: ort_rmsnorm.RMSNorm/SkipRMSNorm (default); onnx: RMSNormalization (opset 23); "
                              "ort: onnxruntime's SimplifiedLayerNormalization")
     parser.add_argument("--convert-opset", action="store_true",
@@ -149,7 +151,8 @@ def run_fuse(args: argparse.Namespace) -> int:
     model_io.refuse_overwriting(args.destination, [args.source], "the input")
     progress = Progress(args.quiet)
     progress.stage(f"loading {args.source}")
-    model = model_io.load_model(args.source)
+    notes: list[str] = []
+    model = model_io.load_model(args.source, notes)
     protected = [args.source, *model_io.external_data_files(model)]
     # Refuse before the work, not after it (save_model checks again).
     external_data = model_io.needs_external_data(model)
@@ -163,6 +166,7 @@ def run_fuse(args: argparse.Namespace) -> int:
     from .fusion import fuse_model  # imports onnxscript: after the input checks, which fail fast without it
 
     report = fuse_model(model, args.target, allow_opset_upgrade=args.convert_opset)
+    report.notes[:0] = notes
     progress.stage(f"writing {args.destination}")
     data_file = model_io.save_model(model, args.destination, protected=protected,
                                     on_tensor_written=progress.tensors_written)
@@ -242,9 +246,9 @@ def run_info(args: argparse.Namespace) -> int:
 
     import onnxruntime
 
-    from . import __version__, build_info, get_library_path
+    from ._library import build_info, get_library_path, package_version
 
-    print(f"ort-rmsnorm {__version__}")
+    print(f"ort-rmsnorm {package_version()}")
     print(f"library: {get_library_path()}")
     for key, value in build_info().items():
         print(f"  {key}: {value}")

@@ -137,9 +137,11 @@ def export(
     output_names: Sequence[str],
     dynamic_dims: Mapping[str, Mapping[int, str]],
     opset: int | None = None,
+    optimize: bool = True,
 ) -> None:
     """Exports ``module`` to ``path`` with one of the torch exporters at ``opset`` (default: the exporter's,
     :data:`EXPORTER_OPSET`; from 23 the dynamo exporter writes ``torch.nn.RMSNorm`` as one ``RMSNormalization``).
+    ``optimize=False``: the dynamo exporter's raw translation, without its constant folding and clean-up.
 
     ``dynamic_dims`` maps input and output names to ``{axis: dim name}``; the same name means the same dim
     everywhere. (The dynamo exporter derives the outputs' dims itself and reads only the inputs'.)
@@ -153,6 +155,7 @@ def export(
         dynamic = {
             "dynamo": True,
             "verbose": False,
+            "optimize": optimize,
             "dynamic_shapes": tuple(
                 {axis: dims[name] for axis, name in dynamic_dims.get(input_name, {}).items()}
                 for input_name in input_names

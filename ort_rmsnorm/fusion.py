@@ -59,12 +59,14 @@ def fuse(model: ModelLike, target: str = "custom", *, allow_opset_upgrade: bool 
     if isinstance(model, ir.Model):
         copy = model.clone()
         return copy, fuse_model(copy, target, allow_opset_upgrade=allow_opset_upgrade)
+    notes: list[str] = []
     if isinstance(model, (str, os.PathLike)):
         # As `ort-rmsnorm fuse` reads it: a bad file is a ModelFileError that names it.
-        ir_model = ir.external_data.load_to_model(model_io.load_model(model))
+        ir_model = ir.external_data.load_to_model(model_io.load_model(model, notes))
     elif isinstance(model, onnx.ModelProto):
         ir_model = ir.serde.deserialize_model(model)
     else:
         raise TypeError(f"fuse() takes an onnx.ModelProto, an onnx_ir.Model or a path, not {type(model).__name__}")
     report = fuse_model(ir_model, target, allow_opset_upgrade=allow_opset_upgrade)
+    report.notes[:0] = notes
     return ir.serde.serialize_model(ir_model), report

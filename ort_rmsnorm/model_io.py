@@ -22,14 +22,15 @@ import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
+from .contract import MS_DOMAIN, ORT_SIMPLIFIED_LAYER_NORM
+
 # A serialized protobuf message cannot exceed 2 GiB; graphs beyond that keep their weights in external data files.
 PROTOBUF_LIMIT_BYTES = 2**31 - 1
 # Tensors at or above this size go to the external data file when the output uses external data (onnx's default).
 EXTERNAL_DATA_THRESHOLD_BYTES = 1024
 # onnxruntime registers these ops (the `--target ort` output) in the default ONNX domain, where onnx.checker does not
 # know them.
-ORT_OPS_IN_ONNX_DOMAIN = frozenset({"SimplifiedLayerNormalization"})
-ORT_CONTRIB_DOMAIN = "com.microsoft"
+ORT_OPS_IN_ONNX_DOMAIN = frozenset({ORT_SIMPLIFIED_LAYER_NORM})
 # Leave room for the graph itself when deciding whether inline weights still fit one protobuf message.
 _GRAPH_HEADROOM_BYTES = 64 * 2**20
 
@@ -52,7 +53,7 @@ def _check_regular_file(path: Path, what: str) -> None:
         raise ModelFileError(f"{path}: {what} is not readable (permission denied)")
 
 
-def _read_checked_proto(path: Path) -> onnx.ModelProto:
+def _read_checked_proto(path: Path, notes: list[str] | None = None) -> onnx.ModelProto:
     _check_regular_file(path, "the model")
     size = path.stat().st_size
     if size == 0:
@@ -73,42 +74,100 @@ def _read_checked_proto(path: Path) -> onnx.ModelProto:
     try:
         _run_checker(path, proto)
     except onnx.checker.ValidationError as error:
-        raise ModelFileError(f"{path}: invalid ONNX model: {one_line(error)}") from None
+        if _UNSORTED not in str(error):
+            raise ModelFileError(f"{path}: invalid ONNX model: {one_line(error)}") from None
+        proto = _sorted(path, proto, error)
+        if notes is not None:
+            notes.append(
+                f"{path.name}: its nodes were not in topological order (onnxruntime sorts them as it loads a model): "
+                "sorted before fusing"
+            )
     return proto
 
 
-def _nodes(graph: onnx.GraphProto) -> Iterable[onnx.NodeProto]:
+_UNSORTED = "must be topologically sorted"
+
+
+def _sorted(path: Path, proto: onnx.ModelProto, error: Exception) -> onnx.ModelProto:
+    """The model with the nodes of every graph and function in topological order, checked again; a graph that has
+    no such order (a cycle, an input nothing produces) stays refused with the checker's reason."""
+    try:
+        model = ir.serde.deserialize_model(proto)
+        for graph_like in (model.graph, *model.functions.values()):
+            graph_like.sort()
+        sorted_proto = ir.serde.serialize_model(model)
+        _check_in_memory(sorted_proto)
+    except Exception as sort_error:  # noqa: BLE001 - the first reason is the one to give
+        raise ModelFileError(
+            f"{path}: invalid ONNX model: {one_line(error)} (and sorting its nodes failed: {one_line(sort_error)})"
+        ) from None
+    return sorted_proto
+
+
+def _graphs(graph: onnx.GraphProto) -> Iterable[onnx.GraphProto]:
+    """``graph`` and every subgraph in it."""
+    yield graph
     for node in graph.node:
-        yield node
         for attribute in node.attribute:
             for subgraph in [attribute.g] if attribute.HasField("g") else attribute.graphs:
-                yield from _nodes(subgraph)
+                yield from _graphs(subgraph)
+
+
+def _nodes(proto: onnx.ModelProto) -> Iterable[onnx.NodeProto]:
+    """Every node of the model: main graph, subgraphs, model-local functions."""
+    for graph in _graphs(proto.graph):
+        yield from graph.node
+    for function in proto.functions:
+        for node in function.node:
+            yield node
+            for attribute in node.attribute:
+                for subgraph in [attribute.g] if attribute.HasField("g") else attribute.graphs:
+                    for inner in _graphs(subgraph):
+                        yield from inner.node
+
+
+def _without_external_initializers(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy whose initializers stored in external data are typed main-graph inputs instead (subgraphs read them
+    from the outer scope, as they may any outer value). The checker resolves an in-memory model's external data
+    against the current directory, not the model's; the files are checked by :func:`_check_external_data`."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    inputs = {value.name for value in copy.graph.input}
+    for graph in _graphs(copy.graph):
+        kept = [tensor for tensor in graph.initializer if tensor.data_location != onnx.TensorProto.EXTERNAL]
+        moved = [tensor for tensor in graph.initializer if tensor.data_location == onnx.TensorProto.EXTERNAL]
+        if not moved:
+            continue
+        del graph.initializer[:]
+        graph.initializer.extend(kept)
+        for tensor in moved:
+            if tensor.name not in inputs:
+                copy.graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, tensor.dims))
+                inputs.add(tensor.name)
+    return copy
 
 
 def _run_checker(path: Path, proto: onnx.ModelProto) -> None:
-    ort_nodes = [
-        node
-        for node in _nodes(proto.graph)
-        if node.domain in ("", "ai.onnx") and node.op_type in ORT_OPS_IN_ONNX_DOMAIN
-    ]
-    if not ort_nodes:
+    if not any(node.domain in ("", "ai.onnx") and node.op_type in ORT_OPS_IN_ONNX_DOMAIN for node in _nodes(proto)):
         # The path form reads the file in C++ and checks that external data files exist, without reading them.
         onnx.checker.check_model(str(path))
         return
-    # Check everything else: the checker sees these nodes in onnxruntime's contrib domain, whose ops it skips.
-    # (External data files are checked by _check_external_data.)
-    domains = [node.domain for node in ort_nodes]
-    for node in ort_nodes:
-        node.domain = ORT_CONTRIB_DOMAIN
-    imported = any(opset.domain == ORT_CONTRIB_DOMAIN for opset in proto.opset_import)
-    added = None if imported else proto.opset_import.add(domain=ORT_CONTRIB_DOMAIN, version=1)
-    try:
-        onnx.checker.check_model(proto)
-    finally:
-        for node, domain in zip(ort_nodes, domains):
-            node.domain = domain
-        if added is not None:
-            proto.opset_import.remove(added)
+    _check_in_memory(proto)
+
+
+def _check_in_memory(proto: onnx.ModelProto) -> None:
+    """The checker on a model not read from its file. onnxruntime's ops in the default domain are checked as ops of
+    its contrib domain, whose ops the checker skips."""
+    checked = _without_external_initializers(proto)
+    for node in _nodes(checked):
+        if node.domain in ("", "ai.onnx") and node.op_type in ORT_OPS_IN_ONNX_DOMAIN:
+            node.domain = MS_DOMAIN
+    if not any(opset.domain == MS_DOMAIN for opset in checked.opset_import):
+        checked.opset_import.add(domain=MS_DOMAIN, version=1)
+    for function in checked.functions:
+        if not any(opset.domain == MS_DOMAIN for opset in function.opset_import):
+            function.opset_import.add(domain=MS_DOMAIN, version=1)
+    onnx.checker.check_model(checked)
 
 
 def _external_tensors(model: ir.Model) -> Iterable[ir.ExternalTensor]:
@@ -139,14 +198,15 @@ def _check_external_data(model: ir.Model, model_path: Path) -> None:
             )
 
 
-def load_model(path: str | os.PathLike) -> ir.Model:
+def load_model(path: str | os.PathLike, notes: list[str] | None = None) -> ir.Model:
     """Loads and validates the model file at ``path``, keeping external data on disk (memory-mapped lazily).
 
     Raises :class:`ModelFileError` for a missing or unreadable file, a truncated or corrupted protobuf, a file that is
-    not an ONNX model, a model ``onnx.checker`` rejects, and missing or too short external data files.
+    not an ONNX model, a model ``onnx.checker`` rejects, and missing or too short external data files. A model whose
+    nodes are not in topological order (onnxruntime loads such models) is sorted; ``notes`` gets a line saying so.
     """
     path = Path(path)
-    model = ir.serde.deserialize_model(_read_checked_proto(path))
+    model = ir.serde.deserialize_model(_read_checked_proto(path, notes))
     # External tensors resolve their locations against the model's directory.
     ir.external_data.set_base_dir(model.graph, str(path.parent.resolve()))
     _check_external_data(model, path)

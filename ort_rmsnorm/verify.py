@@ -21,7 +21,7 @@ covers the float32 rounding of the unfused graph's several ops; measured: at mos
 infinities must sit at the same places with the same signs. Integer and bool outputs must be equal.
 
 ``T`` is the least precise of the output's dtype and the float types the original model computes in
-(:func:`ort_rmsnorm.rewrites.computed_dtypes`): a float16 model whose logits are cast to float32 at the end carries
+(:func:`ort_rmsnorm.model_types.computed_dtypes`): a float16 model whose logits are cast to float32 at the end carries
 float16 differences into its float32 output, and a float64 output computed in float32 carries float32 ones.
 """
 
@@ -42,7 +42,7 @@ import onnxruntime as ort
 
 from . import runtime
 from .model_io import load_model, one_line
-from .rewrites import computed_dtypes
+from .model_types import computed_dtypes
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 

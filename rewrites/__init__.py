@@ -2,14 +2,13 @@
 
 - :func:`fuse_model`: the whole pass over an ``onnx_ir.Model``, in place, returning a :class:`FusionReport`.
 - :func:`rules`: the rules as an onnxscript ``RewriteRuleSet`` to compose with other rewrites.
-- :func:`infer_types`: the shape inference the pass runs (results kept aside, the model is not annotated).
-- :func:`computed_dtypes`: the element types a model's nodes compute in (``ort-rmsnorm verify``'s tolerance).
+- :func:`infer_types`: the shape inference the pass runs (results kept aside, the model is not annotated; it lives
+  in :mod:`ort_rmsnorm.model_types`).
 
 See docs/fusion.md for the recognized spellings, the near-miss reasons, the targets and the report format.
 """
 
-from ._facts import TypeTable
-from ._inference import computed_dtypes, infer_types
+from ..model_types import TypeTable, infer_types
 from ._pass import fuse_model, rules, upgrade_default_opset
 from ._report import Fusion, FusionReport, Skipped
 from ._targets import TARGETS
@@ -20,7 +19,6 @@ __all__ = [
     "FusionReport",
     "Skipped",
     "TypeTable",
-    "computed_dtypes",
     "fuse_model",
     "infer_types",
     "rules",

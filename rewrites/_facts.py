@@ -7,15 +7,21 @@ axes does this reduction cover, does this scale broadcast without enlarging the 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
 
 import numpy as np
 import onnx_ir as ir
 
+from ..model_types import TypeTable, constant_tensor, dim_key, same_dim
+from ._folding import MAX_DEPTH, folded_array
+
 # The types the fused operators take for X (and float32 for the scale).
 NORM_DTYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
+SIXTEEN_BIT = frozenset({ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
 # Casts that change no value: the fused op may read the value before them.
 EXACT_WIDENINGS = frozenset({(ir.DataType.FLOAT16, ir.DataType.FLOAT), (ir.DataType.BFLOAT16, ir.DataType.FLOAT)})
+# The `stash_type` of the standard and onnxruntime norm ops that computes the statistic in float32, as ours do.
+STASH_FLOAT32 = int(ir.DataType.FLOAT)
 
 
 class NotFusable(Exception):
@@ -25,40 +31,6 @@ class NotFusable(Exception):
         super().__init__(reason)
         self.reason = reason
         self.sources = tuple(source for source in sources if source is not None)
-
-
-class TypeTable:
-    """Element types and shapes of values.
-
-    Inferred facts are kept here rather than written into the model (the pass must not add value_info everywhere);
-    where inference knows nothing, the model's own annotations count.
-    """
-
-    def __init__(self, inferred: Mapping[ir.Value, tuple[ir.DataType | None, ir.Shape | None]] | None = None) -> None:
-        self._inferred = dict(inferred or {})
-
-    def learn(self, facts: Mapping[ir.Value, tuple[ir.DataType | None, ir.Shape | None]]) -> None:
-        """Adds facts: those of a function body, or of the values the pass creates in place of others."""
-        self._inferred.update(facts)
-
-    def dtype(self, value: ir.Value) -> ir.DataType | None:
-        if value.const_value is not None:
-            return value.const_value.dtype
-        inferred = self._inferred.get(value)
-        if inferred is not None and inferred[0] is not None:
-            return inferred[0]
-        return value.dtype
-
-    def shape(self, value: ir.Value) -> ir.Shape | None:
-        if value.const_value is not None:
-            return ir.Shape(value.const_value.shape)
-        inferred = self._inferred.get(value)
-        if inferred is not None and inferred[1] is not None:
-            return inferred[1]
-        if value.shape is None:
-            tensor = constant_tensor(value)
-            return ir.Shape(tensor.shape) if tensor is not None else None
-        return value.shape
 
 
 def dtype_name(dtype: ir.DataType | None) -> str:
@@ -78,6 +50,11 @@ def label(item: ir.Node | ir.Value) -> str:
     return f"'{item.name}'" if item.name else "<unnamed value>"
 
 
+def is_cast(node: ir.Node | None) -> bool:
+    """A Cast or CastLike (both change only the type; CastLike takes it from its second input)."""
+    return node is not None and node.op_type in ("Cast", "CastLike") and node.domain in ("", "ai.onnx")
+
+
 def int_attribute(node: ir.Node, name: str, default: int | None = None) -> int | None:
     """An INT attribute's value, ``default`` when absent, None when it is not an INT (a malformed node)."""
     attr = node.attributes.get(name)
@@ -93,21 +70,19 @@ def float_attribute(node: ir.Node, name: str, default: float) -> float | None:
     return float(attr.value) if attr.type == ir.AttributeType.FLOAT else None
 
 
+def check_epsilon(value: float, what: str, source) -> None:
+    """Our ops take a finite epsilon >= 0."""
+    if not (math.isfinite(value) and value >= 0):
+        raise NotFusable(f"{what}epsilon {value:g} is not finite and >= 0", source)
+
+
+def require_stash_float32(node: ir.Node, what: str) -> None:
+    stash_type = int_attribute(node, "stash_type", STASH_FLOAT32)
+    if stash_type != STASH_FLOAT32:
+        raise NotFusable(f"{what} computes in stash_type {stash_type}, not float32", node)
+
+
 # ---- dimensions and shapes ---------------------------------------------------------------------------------------
-
-
-def dim_key(dim) -> int | str | None:
-    """A static size, a symbol name, or None when nothing is known."""
-    if isinstance(dim, int):
-        return dim
-    value = getattr(dim, "value", None)
-    return value if isinstance(value, (int, str)) else None
-
-
-def same_dim(a, b) -> bool:
-    """True when two dims are known to be equal (same size, or the same symbol)."""
-    key = dim_key(a)
-    return key is not None and key == dim_key(b)
 
 
 def is_one(dim) -> bool:
@@ -132,18 +107,9 @@ def same_shape(a: ir.Shape | None, b: ir.Shape | None) -> bool:
 # ---- constants ---------------------------------------------------------------------------------------------------
 
 
-def constant_tensor(value: ir.Value | None) -> ir.TensorProtocol | None:
-    """The tensor of an initializer (not overridable as a graph input) or of a Constant node's output."""
-    if value is None or value.is_graph_input():
-        return None
-    try:
-        return ir.convenience.get_const_tensor(value)
-    except ValueError:  # a malformed Constant node: not a constant we can trust
-        return None
-
-
 def constant_array(value: ir.Value | None, types: TypeTable, depth: int = 0) -> np.ndarray | None:
-    """The value of a constant, looking through Identity, Cast and CastLike of constants (exporters wrap epsilon so)."""
+    """The value of a constant: an initializer, a Constant node, or a small constant-only subexpression of them
+    (``Reshape(Constant, Constant)``, ``Cast(Constant)``, ``Shape`` of a static shape, ...: see ``_folding``)."""
     tensor = constant_tensor(value)
     if tensor is not None:
         try:
@@ -151,24 +117,12 @@ def constant_array(value: ir.Value | None, types: TypeTable, depth: int = 0) -> 
         except Exception:  # external data that cannot be read is no known constant  # noqa: BLE001
             return None
     node = value.producer() if value is not None else None
-    if node is None or node.domain not in ("", "ai.onnx") or depth > 8:
+    if node is None or depth > MAX_DEPTH:
         return None
-    if node.op_type not in ("Identity", "Cast", "CastLike") or not node.inputs:
-        return None
-    source = constant_array(node.inputs[0], types, depth + 1)
-    if source is None or node.op_type == "Identity":
-        return source
-    if node.op_type == "Cast":
-        to = int_attribute(node, "to")
-        target = ir.DataType(to) if to is not None else None
-    else:
-        target = types.dtype(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] is not None else None
-    if target is None:
-        return None
-    try:
-        return source.astype(target.numpy())
-    except TypeError:
-        return None
+    if value not in types.folded:
+        operand = lambda source: constant_array(source, types, depth + 1)  # noqa: E731
+        types.folded[value] = folded_array(node, value, types, operand)
+    return types.folded[value]
 
 
 def scalar_of(array: np.ndarray | None) -> float | None:

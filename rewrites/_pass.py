@@ -7,16 +7,28 @@ import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 from onnxscript.rewriter import pattern
 
-from ._facts import TypeTable
-from ._inference import Annotations, infer_types
+from ..contract import (
+    DEFAULT_TARGET,
+    ONNX_RMSNORM,
+    ONNX_RMSNORM_OPSET,
+    OP_DOMAIN,
+    ORT_SIMPLIFIED_LAYER_NORM,
+    RMSNORM,
+    SKIP_RMSNORM,
+)
+from ..model_types import TypeTable, graph_likes, infer_types
+from ._annotations import Annotations, visiting_order
+from ._conversions import NORM_OPS, SKIP_NORM_OP
+from ._facts import label
 from ._report import FusionReport
-from ._rules import build_rules
+from ._rule_set import PhasedRuleSet, build_phases
 from ._session import FusionSession
-from ._targets import ONNX_RMSNORM_OPSET, default_opset, get_target
+from ._targets import default_opset, get_target
 
 
-def rules(target: str = "custom", *, types: TypeTable | None = None) -> pattern.RewriteRuleSet:
-    """The fusion rules for ``target`` as an onnxscript RewriteRuleSet, to compose with other rewrites.
+def rules(target: str = DEFAULT_TARGET, *, types: TypeTable | None = None) -> pattern.RewriteRuleSet:
+    """The fusion rules for ``target`` as an onnxscript RewriteRuleSet, to compose with other rewrites (it applies
+    its phases one after the other, see ``_rule_set``).
 
     Shapes come from the model's annotations, or from ``types`` (see :func:`infer_types`); run shape inference first
     (e.g. onnx_ir's ShapeInferencePass), as rules skip candidates whose rank or dims they cannot see. Applied this
@@ -25,10 +37,10 @@ def rules(target: str = "custom", *, types: TypeTable | None = None) -> pattern.
     other readers of the Add's output: run onnx_ir's TopologicalSortPass afterwards (``fuse_model`` sorts where
     needed).
     """
-    return pattern.RewriteRuleSet(build_rules(FusionSession(target, types)))
+    return PhasedRuleSet(build_phases(FusionSession(target, types)))
 
 
-def fuse_model(model: ir.Model, target: str = "custom", *, allow_opset_upgrade: bool = False) -> FusionReport:
+def fuse_model(model: ir.Model, target: str = DEFAULT_TARGET, *, allow_opset_upgrade: bool = False) -> FusionReport:
     """Fuses every decomposed RMSNorm (and residual Add before one) in ``model``, in place; returns the report.
 
     Weights are never loaded: shape inference runs with large initializers detached, and the rules read only small
@@ -44,13 +56,39 @@ def fuse_model(model: ir.Model, target: str = "custom", *, allow_opset_upgrade: 
     if chosen.name == "onnx" and allow_opset_upgrade and current < ONNX_RMSNORM_OPSET:
         upgrade_default_opset(model, ONNX_RMSNORM_OPSET)
         notes.append(f"default opset upgraded from {current} to {ONNX_RMSNORM_OPSET} with onnx.version_converter")
-    session = FusionSession(chosen, infer_types(model), graph_locations(model))
+    session = FusionSession(chosen, infer_types(model), graph_locations(model), visiting_order(model))
     session.notes += notes
     annotations = Annotations(model)
-    rule_set = pattern.RewriteRuleSet(build_rules(session))
+    rule_set = PhasedRuleSet(build_phases(session), between_phases=session.next_phase)
     rule_set.remove_unused_nodes = False  # the session removes exactly what the fusions made dead, nothing else
     rule_set.apply_to_model(model)
+    _norm_ops_left(model, session)
     return session.finish(model, annotations)
+
+
+# The norm ops each target emits, and those a model may hold that the pass converts or leaves (domain-qualified).
+_OURS = (f"{OP_DOMAIN}.{RMSNORM}", f"{OP_DOMAIN}.{SKIP_RMSNORM}")
+_ORT = (ORT_SIMPLIFIED_LAYER_NORM, SKIP_NORM_OP)
+_EMITTED = {"custom": _OURS, "onnx": (ONNX_RMSNORM,), "ort": _ORT}
+_NORM_OPS = (*_OURS, ONNX_RMSNORM, *_ORT)
+
+
+def _norm_ops_left(model: ir.Model, session: FusionSession) -> None:
+    """Every norm op that stays in the model and is not one the target emits goes into the report: those a rule
+    declined say why already; the rest get the reason here."""
+    target = session.target.name
+    for graph_like in graph_likes(model):
+        for node in graph_like:
+            op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+            if op not in _NORM_OPS or op in _EMITTED[target]:
+                continue
+            if op in NORM_OPS or (op == SKIP_NORM_OP and target == "custom"):
+                reason = f"{op} {label(node)}: not converted, its inputs and outputs are not the op's (a malformed node?)"
+            elif op in (SKIP_NORM_OP, f"{OP_DOMAIN}.{SKIP_RMSNORM}") and target == "onnx":
+                reason = f"{op} {label(node)} stays: the onnx target has no residual norm op"
+            else:
+                reason = f"{op} {label(node)} stays: the pass does not convert it to the {target} target's ops"
+            session.left_alone(graph_like, node, f"Left[{op}]", reason)
 
 
 def graph_locations(model: ir.Model) -> dict[int, str]:

@@ -40,7 +40,12 @@ class Fusion:
     """Name of the rule that matched (several when the residual Add was fused in a second step)."""
     converted_from: Optional[str] = None
     """The norm op the model had in place of the decomposed subgraph (``RMSNormalization``,
-    ``SimplifiedLayerNormalization``, ``ort_rmsnorm.RMSNorm``), converted to the target's; None for a fusion."""
+    ``SimplifiedLayerNormalization``, ``ort_rmsnorm.RMSNorm``, ``com.microsoft.SkipSimplifiedLayerNormalization``),
+    converted to the target's; None for a fusion."""
+    roundings: list[str] = dataclasses.field(default_factory=list)
+    """Where the unfused subgraph rounds to a 16-bit type and the fused op does not (it computes the statistic in
+    float32 or wider and rounds its output once), e.g. ``the mean square is computed in float16``: the two then differ
+    by a few units in the last place, within ``verify``'s tolerance (docs/fusion.md, "Roundings")."""
 
 
 @dataclasses.dataclass
@@ -100,7 +105,8 @@ def _form(fusion: Fusion) -> str:
     op_type = fusion.op_type + (f" (from {fusion.converted_from})" if fusion.converted_from else "")
     parts = [op_type, f"axis {fusion.axis}", f"eps {fusion.eps_placement}", f"scale {fusion.scale}"]
     dtypes = fusion.input_dtype + (f"/{fusion.scale_dtype}" if fusion.scale_dtype else "")
-    return ", ".join([*parts, dtypes])
+    rounded = f" (the graph rounds: {'; '.join(fusion.roundings)})" if fusion.roundings else ""
+    return ", ".join([*parts, dtypes]) + rounded
 
 
 def _counted(counter: Counter) -> list[str]:

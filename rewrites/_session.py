@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 
 import numpy as np
 import onnx_ir as ir
 
-from ._facts import NotFusable, TypeTable, dtype_name, float_attribute, int_attribute, label
-from ._inference import Annotations, call_sites, graph_likes, values_of
+from ..contract import DEFAULT_EPSILON, DEFAULT_TARGET
+from ..model_types import TypeTable, call_sites, graph_likes, values_of
+from ._annotations import Annotations
+from ._facts import NotFusable, dtype_name, float_attribute, int_attribute, label
 from ._report import Fusion, FusionReport, Skipped
-from ._targets import DEFAULT_EPSILON, NormSpec, Target, get_target
+from ._targets import NormSpec, Target, get_target
 
 
 @dataclasses.dataclass
@@ -25,28 +26,49 @@ class FusedNode:
     """Nodes of the original model the rule(s) matched (removed now or by the clean-up)."""
     output_facts: list[tuple[str | None, ir.DataType | None, ir.Shape | None]]
     """Per output of ``node``: the name, type and shape of the value it replaced (None: a new optional output)."""
+    root: ir.Node
+    """The matched node the rewriter met the candidate at (its last node): orders the report."""
     removed: list[ir.Node] = dataclasses.field(default_factory=list)
+    initializers: set[ir.Value] = dataclasses.field(default_factory=set)
+    """Initializers the matched nodes read: removed once nothing reads them (a rule may remove its nodes itself)."""
 
 
 @dataclasses.dataclass
 class NearMiss:
+    """One reason a candidate was not fused, from each rule that found it (larger forms first, as the phases run)."""
+
     location: str
-    rule: str
     reason: str
-    nodes: list[ir.Node]
+    seen: list[tuple[int, str, list[ir.Node], ir.Node]]
+    """(phase, rule, matched nodes, root) per rule that gave this reason."""
+
+    def rule_and_nodes(self) -> tuple[str, list[ir.Node]]:
+        """The smallest form's rule (that of the latest phase), and the nodes from the smallest form outwards."""
+        nodes: list[ir.Node] = []
+        ordered = sorted(self.seen, key=lambda entry: -entry[0])
+        for _, _, matched, _ in ordered:
+            nodes += [node for node in matched if node not in nodes]
+        return ordered[0][1], nodes
 
 
 class FusionSession:
     """One run of the rules over a model. ``types`` should come from :func:`infer_types`; without it only the model's
     own annotations are known and more candidates are skipped for unknown shapes."""
 
-    def __init__(self, target: str | Target = "custom", types: TypeTable | None = None, locations: dict | None = None):
+    def __init__(
+        self,
+        target: str | Target = DEFAULT_TARGET,
+        types: TypeTable | None = None,
+        locations: dict | None = None,
+        order: dict[ir.Node, int] | None = None,
+    ):
         self.target = get_target(target) if isinstance(target, str) else target
         self.types = types if types is not None else TypeTable()
         self._locations = locations or {}
+        self._order = order or {}
+        self._phase = 0
         self.fused: list[FusedNode] = []
         self._near_misses: dict[tuple, NearMiss] = {}
-        self._lookahead = 0
         self.notes: list[str] = []
 
     # ---- during matching ----
@@ -59,33 +81,31 @@ class FusionSession:
             return f"function '{graph_like.domain}::{graph_like.name}'"
         return f"graph '{graph_like.name}'"
 
-    @property
-    def in_lookahead(self) -> bool:
-        return self._lookahead > 0
-
-    @contextlib.contextmanager
-    def lookahead(self):
-        """While a rule checks whether a larger rule will take its match, that rule must not defer in turn."""
-        self._lookahead += 1
-        try:
-            yield
-        finally:
-            self._lookahead -= 1
-
-    def near_miss(self, context, rule: str, error: NotFusable, anchor: ir.Node) -> None:
-        """Records why a candidate (identified by ``anchor``, e.g. its reduction) was not fused by ``rule``."""
+    def near_miss(self, context, rule: str, error: NotFusable, anchor: ir.Node, met: ir.Node | None = None) -> None:
+        """Records why a candidate (identified by ``anchor``, e.g. its reduction) was not fused by ``rule``. ``met``:
+        the node the rewriter met it at (default: the match's root)."""
         key = (anchor, error.reason)
         entry = self._near_misses.get(key)
         if entry is None:
-            location = self.location(context.graph_or_function)
-            self._near_misses[key] = NearMiss(location, rule, error.reason, list(context.nodes))
-        else:
-            entry.nodes += [node for node in context.nodes if node not in entry.nodes]
+            entry = self._near_misses[key] = NearMiss(self.location(context.graph_or_function), error.reason, [])
+        entry.seen.append((self._phase, rule, list(context.nodes), met if met is not None else context.root))
 
-    def fused_norm(self, spec: NormSpec, node: ir.Node, context, rule: str, converted_from: str | None = None) -> None:
-        replaced = context.output_values[0]
+    def fused_norm(
+        self,
+        spec: NormSpec,
+        node: ir.Node,
+        context,
+        rule: str,
+        converted_from: str | None = None,
+        replaced: list[ir.Value | None] | None = None,
+        skip: bool = False,
+    ) -> None:
+        """``node`` (the target's norm op, or with ``skip`` its skip op, converted from another runtime's) replaced
+        the match. ``replaced[i]``: the value output i of ``node`` takes the place of (None: a new optional output;
+        by default the match's one output)."""
+        replaced = replaced if replaced is not None else [context.output_values[0]]
         record = Fusion(
-            op_type=self.target.norm_op,
+            op_type=_qualified(node),
             target=self.target.name,
             node=node.name,
             replaced_nodes=[],
@@ -96,52 +116,89 @@ class FusionSession:
             scale=spec.scale.form if spec.scale is not None else "none",
             input_dtype=dtype_name(spec.x_dtype),
             scale_dtype=dtype_name(spec.scale.dtype) if spec.scale is not None else None,
-            skip=False,
+            skip=skip,
             rule=rule,
             converted_from=converted_from,
+            roundings=list(spec.roundings),
         )
-        self.fused.append(FusedNode(node, record, list(context.nodes), [self._facts(replaced)]))
-        self._learn(node)
+        facts = [self._facts(value) if value is not None else (None, None, None) for value in replaced]
+        self.fused.append(FusedNode(node, record, list(context.nodes), facts, context.root, [], _read(context.nodes)))
+        self._learn(node, replaced)
 
-    def fused_residual(self, norm: ir.Node, node: ir.Node, context, rule: str, replaced: list[ir.Value | None]) -> None:
+    def left_alone(self, graph_like: ir.Graph | ir.Function, node: ir.Node, rule: str, reason: str) -> None:
+        """A norm op that stays in the model as it is, and why (unless a rule already said why not)."""
+        if not any(anchor is node for anchor, _ in self._near_misses):
+            self._near_misses[(node, reason)] = NearMiss(
+                self.location(graph_like), reason, [(self._phase, rule, [node], node)]
+            )
+
+    def fused_residual(
+        self,
+        norm: ir.Node,
+        node: ir.Node,
+        context,
+        rule: str,
+        replaced: list[ir.Value | None],
+        roundings: tuple[str, ...] = (),
+    ) -> None:
         """The residual Add before ``norm`` was fused into ``node``: extends the norm's record (or makes one for a norm
         that was in the model already). ``replaced[i]``: the value output i of ``node`` takes the place of (None for an
-        optional output that nothing read before); output 0 replaces the norm's output."""
+        optional output that nothing read before); output 0 replaces the norm's output. ``roundings``: as
+        :attr:`NormSpec.roundings`, for the sum."""
         earlier = next((fused for fused in self.fused if fused.node is norm), None)
         if earlier is None:
             location = self.location(context.graph_or_function)
             record = _record_of_existing_norm(norm, self.target.name, location, self.types)
-            earlier = FusedNode(norm, record, [norm], [self._facts(norm.outputs[0])])
+            earlier = FusedNode(norm, record, [norm], [self._facts(norm.outputs[0])], norm)
             self.fused.append(earlier)
         earlier.output_facts = [earlier.output_facts[0]] + [
             self._facts(value) if value is not None else (None, None, None) for value in replaced[1:]
         ]
         earlier.node = node
-        self._learn(node)
+        self._learn(node, replaced)
         earlier.record.op_type = _qualified(node)
         earlier.record.skip = True
         earlier.record.rule += f" + {rule}"
+        earlier.record.roundings += [rounding for rounding in roundings if rounding not in earlier.record.roundings]
         earlier.matched += [
             matched for matched in context.nodes if matched is not norm and matched not in earlier.matched
         ]
+        earlier.initializers |= _read(context.nodes)
 
-    def _learn(self, node: ir.Node) -> None:
+    def _learn(self, node: ir.Node, replaced: list[ir.Value | None]) -> None:
         """The emitted node's outputs have the types and shapes of the values they replace (later rules read them)."""
         fused = next(fused for fused in self.fused if fused.node is node)
         self.types.learn(
             {value: (dtype, shape) for value, (_, dtype, shape) in zip(node.outputs, fused.output_facts) if dtype}
         )
+        for new, old in zip(node.outputs, replaced):
+            if old is not None:
+                self.types.stands_for(new, old)
 
     def _facts(self, value: ir.Value) -> tuple[str | None, ir.DataType | None, ir.Shape | None]:
         return value.name, self.types.dtype(value), self.types.shape(value)
 
-    # ---- after the rewriter ----
+    # ---- between phases and after the rewriter ----
+
+    def next_phase(self) -> None:
+        """Between two phases of rules: the next phase must not match a fused norm's nodes again."""
+        self.remove_dead()
+        self._phase += 1
+
+    def remove_dead(self) -> None:
+        """Removes what the fusions so far made dead."""
+        for fused in self.fused:
+            fused.removed += [node for node in _remove_dead(fused.matched) if node not in fused.removed]
+            for value in fused.initializers:
+                if value.graph is not None and not (value.uses() or value.is_graph_input() or value.is_graph_output()):
+                    value.graph.initializers.pop(value.name)
 
     def finish(self, model: ir.Model, annotations: Annotations) -> FusionReport:
         """Removes what the fusions made dead, restores the names the rewriter changed, names and types the new
-        nodes' outputs, and builds the report."""
-        for fused in self.fused:
-            fused.removed = _remove_dead(fused.matched)
+        nodes' outputs, and builds the report. Fusions and near misses are listed in the order the rewriter meets
+        their last nodes (a graph's subgraphs at their node, functions after the main graph)."""
+        self.fused.sort(key=lambda fused: self._position(fused.root))
+        self.remove_dead()
         annotations.restore_names()
         annotations.restore_types()  # the rewriter annotates Constant outputs
         _type_function_calls(model, [fused.node for fused in self.fused], self.types)
@@ -174,12 +231,25 @@ class FusionSession:
     def report(self) -> FusionReport:
         report = FusionReport(target=self.target.name, notes=list(self.notes))
         report.fusions = [fused.record for fused in self.fused]
-        removed_by = {node: fused.node.name for fused in self.fused for node in (*fused.removed, *fused.matched)}
+        removed_by = {node: fused for fused in self.fused for node in (*fused.removed, *fused.matched)}
+        entries = []
         for miss in self._near_misses.values():
-            fused_as = next((removed_by[node] for node in miss.nodes if node in removed_by), None)
-            names = [label(node).strip("'") for node in miss.nodes]
-            report.skipped.append(Skipped(miss.location, names, miss.reason, miss.rule, fused_as))
+            rule, nodes = miss.rule_and_nodes()
+            fused = next((removed_by[node] for node in nodes if node in removed_by), None)
+            # Where the rewriter met the candidate: its last node, or that of the smaller form that was fused.
+            roots = [root for *_, root in miss.seen] + ([fused.root] if fused is not None else [])
+            met = min(self._position(root) for root in roots)
+            names = [label(node).strip("'") for node in nodes]
+            entries.append((met, Skipped(miss.location, names, miss.reason, rule, fused.node.name if fused else None)))
+        report.skipped = [entry for _, entry in sorted(entries, key=lambda item: item[0])]
         return report
+
+    def _position(self, node: ir.Node) -> int:
+        """Where the rewriter meets ``node``: a node the pass emitted stands where the match it replaced ended."""
+        if node in self._order:
+            return self._order[node]
+        emitted = next((fused for fused in self.fused if fused.node is node), None)
+        return self._position(emitted.root) if emitted is not None else len(self._order)
 
 
 def as_float32(number: float) -> float:
@@ -210,6 +280,10 @@ def _record_of_existing_norm(norm: ir.Node, target: str, location: str, types: T
         skip=False,
         rule="(fused before this run)",
     )
+
+
+def _read(nodes) -> set[ir.Value]:
+    return {value for node in nodes for value in node.inputs if value is not None and value.is_initializer()}
 
 
 def _remove_dead(seeds: list[ir.Node]) -> list[ir.Node]:
@@ -332,6 +406,13 @@ class _NodeNames:
         if id(graph) not in self._taken:
             self._taken[id(graph)] = {other.name for other in graph if other.name and self._annotations.existed(other)}
         node.name = _unique(name or node.op_type, self._taken[id(graph)])
+
+
+def node_path(node: ir.Node) -> str:
+    """The path prefix of a node's name (``/model/layers.0/`` of ``/model/layers.0/add``), or the name and a slash."""
+    if "/" in node.name:
+        return node.name.rsplit("/", 1)[0] + "/"
+    return f"{node.name}/" if node.name else ""
 
 
 def fused_node_name(matched: list[ir.Node], top: ir.Node, op_type: str) -> str:

@@ -16,14 +16,16 @@ import dataclasses
 import numpy as np
 import onnx_ir as ir
 
-from ._facts import NotFusable, TypeTable, constant_array, dtype_name, format_shape, same_shape, static_dims
-
-OP_DOMAIN = "ort_rmsnorm"
-OP_VERSION = 1
-MS_DOMAIN = "com.microsoft"
-ONNX_RMSNORM_OPSET = 23
-STASH_FLOAT32 = int(ir.DataType.FLOAT)
-DEFAULT_EPSILON = 1e-5  # the epsilon attribute's default in every norm op the pass reads or writes
+from ..contract import (
+    ONNX_RMSNORM,
+    ONNX_RMSNORM_OPSET,
+    OP_DOMAIN,
+    OP_VERSION,
+    ORT_SIMPLIFIED_LAYER_NORM,
+    RMSNORM,
+)
+from ..model_types import TypeTable
+from ._facts import STASH_FLOAT32, NotFusable, constant_array, dtype_name, format_shape, same_shape, static_dims
 
 
 @dataclasses.dataclass
@@ -49,6 +51,8 @@ class NormSpec:
     epsilon: float
     eps_placement: str
     scale: Scale | None
+    roundings: tuple[str, ...] = ()
+    """Where the unfused subgraph rounds to a 16-bit type and the fused op does not (see Fusion.roundings)."""
 
 
 class Target:
@@ -103,7 +107,7 @@ def default_opset(graph_like: ir.Graph | ir.Function, model: ir.Model) -> int:
 
 class CustomTarget(Target):
     name = "custom"
-    norm_op = f"{OP_DOMAIN}.RMSNorm"
+    norm_op = f"{OP_DOMAIN}.{RMSNORM}"
 
     def adapt(self, spec, graph_like, model, types):
         if spec.scale is not None and spec.scale.dtype not in (spec.x_dtype, ir.DataType.FLOAT):
@@ -116,7 +120,7 @@ class CustomTarget(Target):
 
     def emit(self, op, spec, name):
         inputs = [spec.x] + ([scale_input(op, spec.scale, name)] if spec.scale is not None else [])
-        return op.RMSNorm(
+        return getattr(op, RMSNORM)(
             *inputs,
             _domain=OP_DOMAIN,
             _version=OP_VERSION,
@@ -196,7 +200,7 @@ class _StandardLikeTarget(Target):
 
 class OnnxTarget(_StandardLikeTarget):
     name = "onnx"
-    norm_op = "RMSNormalization"
+    norm_op = ONNX_RMSNORM
 
     def adapt(self, spec, graph_like, model, types):
         opset = default_opset(graph_like, model)
@@ -212,7 +216,7 @@ class OnnxTarget(_StandardLikeTarget):
 
 class OrtTarget(_StandardLikeTarget):
     name = "ort"
-    norm_op = "SimplifiedLayerNormalization"
+    norm_op = ORT_SIMPLIFIED_LAYER_NORM
 
 
 TARGETS: dict[str, Target] = {target.name: target for target in (CustomTarget(), OnnxTarget(), OrtTarget())}

@@ -136,3 +136,32 @@ def test_fuse_keeps_weights_external_and_on_disk(cli, digest, tmp_path):
     result = cli("verify", big_model, output, "--dim", "sequence=3")
     assert result.returncode == 0, result
     assert "verify: all of 1 outputs match" in result.stdout
+
+
+def _with_ort_norm_ops(model: Path) -> None:
+    """Replaces each norm's Pow with onnxruntime's SimplifiedLayerNormalization of the same input (its output left
+    unused), so that the model holds ops the checker knows only in onnxruntime's domain; the weights stay external."""
+    proto = onnx.load(model, load_external_data=False)
+    gamma = numpy_helper.from_array(np.ones(64, np.float32), "gamma_of_ort_norm")
+    proto.graph.initializer.append(gamma)
+    proto.graph.node.append(helper.make_node("SimplifiedLayerNormalization", ["x", gamma.name], ["ort_norm.out"],
+                                             name="ort_norm", axis=-1, epsilon=1e-5))
+    proto.graph.output.append(helper.make_tensor_value_info("ort_norm.out", TensorProto.FLOAT,
+                                                            ["batch", "sequence", 64]))
+    onnx.save_model(proto, model)
+
+
+def test_fuse_from_another_directory_with_ort_ops_and_external_data(cli, digest, tmp_path):
+    """onnx.checker resolves an in-memory model's external data against the current directory: the model must be
+    checked as stored next to its data, wherever the command runs."""
+    folder, elsewhere = tmp_path / "model", tmp_path / "elsewhere"
+    folder.mkdir()
+    elsewhere.mkdir()
+    model, _ = write_residual_model(folder, hidden=64, layers=2)
+    _with_ort_norm_ops(model)
+    before = digest(folder / "weights.bin")
+    result = cli("fuse", model.resolve(), "out.onnx", "--quiet", "--verify", "--dim", "sequence=3", cwd=elsewhere)
+    assert result.returncode == 0, result
+    assert "4 fused" in result.stdout  # 3 decomposed norms and the converted SimplifiedLayerNormalization
+    assert "verify: all of 2 outputs match" in result.stdout
+    assert (elsewhere / "out.onnx.data").is_file() and digest(folder / "weights.bin") == before

@@ -23,7 +23,7 @@ class Exported:
 @pytest.fixture(scope="session")
 def exported(tmp_path_factory):
     """``exported(case, exporter, dtype)``: the case's module exported with dynamic batch and sequence dims."""
-    from export.models import CASES, EXPORT_VARIANTS, build  # tests/ is on sys.path; imports torch
+    from export.models import CASES, EXPORT_VARIANTS, UNOPTIMIZED, build  # tests/ is on sys.path; imports torch
 
     from ort_rmsnorm.exporters import TORCH_DTYPES, export
 
@@ -40,7 +40,8 @@ def exported(tmp_path_factory):
             name = "input_ids" if case.input_kind == "tokens" else "x"
             kind, opset = EXPORT_VARIANTS[exporter]
             export(module, (example,), path, exporter=kind, opset=opset, input_names=[name], output_names=["y"],
-                   dynamic_dims={name: {0: "batch", 1: "sequence"}, "y": {0: "batch", 1: "sequence"}})
+                   dynamic_dims={name: {0: "batch", 1: "sequence"}, "y": {0: "batch", 1: "sequence"}},
+                   optimize=exporter not in UNOPTIMIZED)
             cache[key] = Exported(path, module, example)
         return cache[key]
 

@@ -178,8 +178,17 @@ CASES = {
     ]
 }
 
-# How each exporter name of the tests exports: (torch exporter, opset; None: its default, EXPORTER_OPSET).
-EXPORT_VARIANTS = {"torchscript": ("torchscript", None), "dynamo": ("dynamo", None), "dynamo-opset23": ("dynamo", 23)}
+# How each exporter name of the tests exports: (torch exporter, opset; None: its default, EXPORTER_OPSET). The raw
+# variants are dynamo's translation without its own optimization (``optimize=False``): reduction axes computed by
+# Reshape(Constant, Constant), epsilon and exponents as Constant nodes.
+EXPORT_VARIANTS = {
+    "torchscript": ("torchscript", None),
+    "dynamo": ("dynamo", None),
+    "dynamo-opset23": ("dynamo", 23),
+    "dynamo-raw": ("dynamo", None),
+    "dynamo-raw-opset23": ("dynamo", 23),
+}
+UNOPTIMIZED = {"dynamo-raw", "dynamo-raw-opset23"}
 # Only torch.nn.RMSNorm exports differently at opset 23 (one RMSNormalization): the other modules write their math out.
 OPSET23_CASES = {name for name in CASES if name.startswith("torch_rmsnorm")}
 

@@ -1,5 +1,6 @@
 """Models from Hugging Face transformers itself: tiny random-weight configs of architectures whose norms are spelled
-differently, exported with torch's dynamo exporter, fused (target custom), run and compared through `verify`.
+differently, exported with torch's dynamo exporter (and its raw translation, without its own optimization), fused
+(target custom), run and compared through `verify`.
 
 The expected count comes from the torch module, not from the graph: every call of a module whose class is an
 RMSNorm (``*RMSNorm``, ``*RMSNormGated``) must become one fused node, and a LayerNorm written out without a bias
@@ -44,6 +45,8 @@ ARCHITECTURES = {
 # float16 where its casts are spelled differently from float32's.
 FLOAT16 = ("llama", "gemma3_text", "mamba2")
 COMBINATIONS = [(model_type, "float32") for model_type in ARCHITECTURES] + [(name, "float16") for name in FLOAT16]
+# dynamo's raw translation (optimize=False), at the default opset and at 23: axes from Reshape(Constant, Constant).
+UNOPTIMIZED = [(model_type, opset) for model_type in ("llama", "qwen3", "gemma3_text") for opset in (18, 23)]
 
 
 def _norm_calls(model, input_ids) -> Counter:
@@ -82,6 +85,16 @@ def _build(model_type: str, dtype: str):
 
 @pytest.mark.parametrize("model_type, dtype", COMBINATIONS)
 def test_transformers_model_fuses_every_rmsnorm(model_type, dtype, tmp_path):
+    _check_fuses_every_rmsnorm(model_type, dtype, tmp_path)
+
+
+@pytest.mark.parametrize("model_type, opset", UNOPTIMIZED)
+def test_unoptimized_export_fuses_as_the_optimized_one(model_type, opset, tmp_path):
+    report = _check_fuses_every_rmsnorm(model_type, "float32", tmp_path, opset=opset, optimize=False)
+    assert not report.skipped, report.summary()
+
+
+def _check_fuses_every_rmsnorm(model_type, dtype, tmp_path, *, opset=None, optimize=True):
     model = _build(model_type, dtype)
     input_ids = torch.randint(1, VOCAB, (2, 8), generator=torch.Generator().manual_seed(0))
     calls = _norm_calls(model, input_ids)
@@ -90,7 +103,8 @@ def test_transformers_model_fuses_every_rmsnorm(model_type, dtype, tmp_path):
 
     original = tmp_path / f"{model_type}.onnx"
     export(_Logits(model), (input_ids,), original, exporter="dynamo", input_names=["input_ids"],
-           output_names=["logits"], dynamic_dims={"input_ids": {0: "batch", 1: "sequence"}})
+           output_names=["logits"], dynamic_dims={"input_ids": {0: "batch", 1: "sequence"}}, opset=opset,
+           optimize=optimize)
     fused, report = fuse_file(original)
 
     before, after = op_counts(original), op_counts(fused)
@@ -100,3 +114,4 @@ def test_transformers_model_fuses_every_rmsnorm(model_type, dtype, tmp_path):
         assert all("LayerNorm" in skipped.reason for skipped in report.skipped), report.summary()
     result = verify.verify(original, fused)
     assert result.ok, result.describe()
+    return report

@@ -133,6 +133,7 @@ def test_report_json_and_summary():
         "skip",
         "rule",
         "converted_from",
+        "roundings",
     }
     assert (fusion["op_type"], fusion["location"], fusion["scale"], fusion["skip"], fusion["converted_from"]) == (
         "ort_rmsnorm.RMSNorm",
@@ -141,6 +142,7 @@ def test_report_json_and_summary():
         False,
         None,
     )
+    assert fusion["roundings"] == []  # a float32 norm: the graph rounds nowhere the fused op does not
     (skipped,) = data["skipped"]
     assert set(skipped) == {"location", "nodes", "reason", "rule", "fused_as"} and skipped["fused_as"] == fusion["node"]
     summary = report.summary()

@@ -1,19 +1,18 @@
-"""Shape inference for the pass, without leaving its results in the model.
+"""Element types and shapes of a model's values, as ONNX shape inference finds them, without writing them into it.
 
 ONNX shape inference (symbolic dims) runs on the main graph and its subgraphs, on a copy of the model without its
 large initializers' data (onnx_ir's helper behind its ShapeInferencePass), so external weights are never loaded.
-Where ONNX gives a `Slice` with computed starts or ends no dims at all, the pass puts back the dims the slice does not
-touch and infers again (see :func:`_slice_dims_gained`). Model-local function bodies get no shapes from it, so each
-function is inferred on its own from the types at its call sites. The results go into a :class:`TypeTable`, and the
-model keeps its own annotations; :class:`Annotations` restores the value and node names that onnxscript's rewriter
-renames on its way out.
+Where ONNX gives a `Slice` with computed starts or ends no dims at all, the dims the slice does not touch are put back
+and inference runs again (see :func:`_slice_dims_gained`). Model-local function bodies get no shapes from it, so each
+function is inferred on its own from the types at its call sites. The results go into a :class:`TypeTable`; the model
+keeps its own annotations.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 import onnx
 import onnx_ir as ir
@@ -21,9 +20,108 @@ import onnx_ir as ir
 # The helper behind onnx_ir's ShapeInferencePass: the model as a proto without its large initializers' data.
 from onnx_ir.passes.common import _c_api_utils
 
-from ._facts import TypeTable, constant_tensor, dim_key, same_dim
-
 logger = logging.getLogger(__name__)
+
+
+class TypeTable:
+    """Element types and shapes of values.
+
+    Inferred facts are kept here rather than written into the model (the pass must not add value_info everywhere);
+    where inference knows nothing, the model's own annotations count.
+    """
+
+    def __init__(self, inferred: Mapping[ir.Value, tuple[ir.DataType | None, ir.Shape | None]] | None = None) -> None:
+        self._inferred = dict(inferred or {})
+        self.folded: dict[ir.Value, object] = {}
+        """Constant values computed from constant-only subexpressions (by the pass), or None where there is none."""
+        self.symbolic: Callable[[], tuple[dict, str | None]] | None = None
+        """Computes a second table of shapes, and why it is empty if so (see :meth:`symbolic_shape`)."""
+        self._symbolic: tuple[dict, str | None] | None = None
+        self._aliases: dict[ir.Value, ir.Value] = {}
+
+    def learn(self, facts: Mapping[ir.Value, tuple[ir.DataType | None, ir.Shape | None]]) -> None:
+        """Adds facts: those of a function body, or of the values the pass creates in place of others."""
+        self._inferred.update(facts)
+
+    def stands_for(self, new: ir.Value, old: ir.Value) -> None:
+        """``new`` (made by the pass) replaces ``old``: it has old's facts in the second table too."""
+        self._aliases[new] = self._aliases.get(old, old)
+
+    def symbolic_shape(self, value: ir.Value) -> tuple[ir.Shape | None, str | None]:
+        """The shape onnxruntime's symbolic shape inference gives the value (main graph only; computed on first use,
+        from the model as it was before the pass), and why there is none when it could not run."""
+        if self.symbolic is None:
+            return None, None
+        if self._symbolic is None:
+            self._symbolic = self.symbolic()
+        shapes, why = self._symbolic
+        return shapes.get(self._aliases.get(value, value)), why
+
+    def dtype(self, value: ir.Value) -> ir.DataType | None:
+        if value.const_value is not None:
+            return value.const_value.dtype
+        cast_to = _cast_target(value)
+        if cast_to is not None:  # whatever a (wrong) annotation says: some converters write such
+            return cast_to
+        inferred = self._inferred.get(value)
+        if inferred is not None and inferred[0] is not None:
+            return inferred[0]
+        return value.dtype
+
+    def shape(self, value: ir.Value) -> ir.Shape | None:
+        if value.const_value is not None:
+            return ir.Shape(value.const_value.shape)
+        inferred = self._inferred.get(value)
+        if inferred is not None and inferred[1] is not None:
+            return inferred[1]
+        if value.shape is None:
+            tensor = constant_tensor(value)
+            return ir.Shape(tensor.shape) if tensor is not None else None
+        return value.shape
+
+
+def _cast_target(value: ir.Value) -> ir.DataType | None:
+    """The type a Cast node's output has by definition."""
+    producer = value.producer()
+    if producer is None or producer.op_type != "Cast" or producer.domain not in ("", "ai.onnx"):
+        return None
+    attr = producer.attributes.get("to")
+    if attr is None or attr.type != ir.AttributeType.INT:
+        return None
+    try:
+        return ir.DataType(attr.value)
+    except ValueError:
+        return None
+
+
+# ---- dims and constants ------------------------------------------------------------------------------------------
+
+
+def dim_key(dim) -> int | str | None:
+    """A static size, a symbol name, or None when nothing is known."""
+    if isinstance(dim, int):
+        return dim
+    value = getattr(dim, "value", None)
+    return value if isinstance(value, (int, str)) else None
+
+
+def same_dim(a, b) -> bool:
+    """True when two dims are known to be equal (same size, or the same symbol)."""
+    key = dim_key(a)
+    return key is not None and key == dim_key(b)
+
+
+def constant_tensor(value: ir.Value | None) -> ir.TensorProtocol | None:
+    """The tensor of an initializer (not overridable as a graph input) or of a Constant node's output."""
+    if value is None or value.is_graph_input():
+        return None
+    try:
+        return ir.convenience.get_const_tensor(value)
+    except ValueError:  # a malformed Constant node: not a constant we can trust
+        return None
+
+
+# ---- inference -------------------------------------------------------------------------------------------------
 
 
 def graph_likes(model: ir.Model) -> Iterator[ir.Graph | ir.Function]:
@@ -42,31 +140,6 @@ def values_of(graph_like: ir.Graph | ir.Function) -> Iterator[ir.Value]:
         yield from node.outputs
 
 
-class Annotations:
-    """A snapshot of every value's name, type and shape and every node's name, to restore after the pass."""
-
-    def __init__(self, model: ir.Model) -> None:
-        self._values = {
-            value: (value.name, value.type, value.shape) for graph in graph_likes(model) for value in values_of(graph)
-        }
-        self._nodes = {node: node.name for graph in graph_likes(model) for node in graph}
-
-    def restore_types(self) -> None:
-        for value, (_, type_, shape) in self._values.items():
-            value.type, value.shape = type_, shape
-
-    def restore_names(self) -> None:
-        """Original names back on every value and node that existed before (the rest are the pass's own)."""
-        for value, (name, _, _) in self._values.items():
-            if value.name != name:
-                value.name = name
-        for node, name in self._nodes.items():
-            node.name = name
-
-    def existed(self, item: ir.Value | ir.Node) -> bool:
-        return item in self._values or item in self._nodes
-
-
 def infer_types(model: ir.Model) -> TypeTable:
     """Types and shapes of the values in ``model`` (main graph, subgraphs, functions); the model is left as it was."""
     small_external = _small_external_initializers(model)
@@ -76,7 +149,13 @@ def infer_types(model: ir.Model) -> TypeTable:
         for value, tensor in small_external.items():
             value.const_value = ir.Tensor(tensor.numpy(), name=tensor.name)
         slices = _slices_with_constant_axes(model.graph)
-        inferred_proto = _c_api_utils.call_onnx_api(lambda proto: _infer_shapes(proto, slices), model)
+        stripped: list[onnx.ModelProto] = []
+
+        def infer(proto: onnx.ModelProto) -> onnx.ModelProto:
+            stripped.append(proto)
+            return _infer_shapes(proto, slices)
+
+        inferred_proto = _c_api_utils.call_onnx_api(infer, model)
     except Exception as error:  # noqa: BLE001 - as onnx_ir's ShapeInferencePass: the model's own annotations stand
         logger.warning("shape inference failed: %s", error)
         inferred_proto = None
@@ -96,7 +175,31 @@ def infer_types(model: ir.Model) -> TypeTable:
             dtype = other.dtype if other is not None and other.dtype is not None else value.dtype
             shape = other.shape if other is not None and other.shape is not None else value.shape
             found[value] = (dtype, shape)
-    return _infer_functions(model, TypeTable(found))
+    table = TypeTable(found)
+    if stripped:
+        names = {value.name: value for value in values_of(model.graph) if value.name}
+        table.symbolic = lambda: _symbolic_shapes(stripped[0], names)
+    return _infer_functions(model, table)
+
+
+def _symbolic_shapes(proto: onnx.ModelProto, values: Mapping[str, ir.Value]) -> tuple[dict, str | None]:
+    """The main graph's shapes as onnxruntime's symbolic shape inference finds them (it follows dims through Shape,
+    Gather, Concat and Reshape arithmetic, where ONNX's invents new symbols), and why there are none if so."""
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+    except ImportError as error:
+        return {}, f"onnxruntime's symbolic shape inference is not available ({error}; pip install sympy)"
+    try:
+        # auto_merge=False: two different symbols are never assumed equal.
+        inferred = SymbolicShapeInference.infer_shapes(proto, auto_merge=False, guess_output_rank=False)
+    except Exception as error:  # noqa: BLE001 - any failure there leaves only ONNX's shapes
+        return {}, f"onnxruntime's symbolic shape inference failed on this model ({error})"
+    shapes = {}
+    for info in (*inferred.graph.value_info, *inferred.graph.output, *inferred.graph.input):
+        value = values.get(info.name)
+        if value is not None and info.type.HasField("tensor_type"):
+            shapes[value] = _type_and_shape(info.type.tensor_type)[1]
+    return shapes, None
 
 
 def _infer_shapes(proto: onnx.ModelProto, slices: list[tuple[str, str, list[int]]]) -> onnx.ModelProto:

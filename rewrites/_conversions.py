@@ -1,0 +1,206 @@
+"""Norm ops already in the model (an exporter's opset-23 ``RMSNormalization``, onnxruntime's
+``SimplifiedLayerNormalization``, our ``RMSNorm``) -> the target's norm op, where that computes the same thing."""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+from onnxscript.rewriter import pattern
+
+from ..contract import (
+    DEFAULT_EPSILON,
+    MS_DOMAIN,
+    NORMALIZE_FLOAT32_SUM,
+    ONNX_RMSNORM,
+    ONNX_RMSNORM_OPSET,
+    OP_DOMAIN,
+    OP_VERSION,
+    ORT_SIMPLIFIED_LAYER_NORM,
+    ORT_SKIP_DEFAULT_EPSILON,
+    ORT_SKIP_SIMPLIFIED_LAYER_NORM,
+    RMSNORM,
+    SKIP_RMSNORM,
+)
+from ._facts import (
+    NORM_DTYPES,
+    NotFusable,
+    check_epsilon,
+    check_scale_shape,
+    dtype_name,
+    float_attribute,
+    format_shape,
+    int_attribute,
+    label,
+    require_stash_float32,
+    same_shape,
+)
+from ._norm_rules import NormRule, scale_spec
+from ._session import FusionSession, node_path
+from ._targets import NormSpec, default_opset, scale_input
+
+
+# The single-output norm ops the rule converts, as the report names them. All three define ``axis`` alike (dims
+# [axis, rank) are normalized) and broadcast the scale onto those dims; the two standard ones put epsilon inside the
+# sqrt and give Y the scale's type.
+NORM_OPS = (ONNX_RMSNORM, ORT_SIMPLIFIED_LAYER_NORM, f"{OP_DOMAIN}.{RMSNORM}")
+
+
+class NormOpConversion(NormRule):
+    """A norm op of ``NORM_OPS`` already in the model (an exporter's opset-23 ``RMSNormalization``, onnxruntime's
+    ``SimplifiedLayerNormalization``, our ``RMSNorm``) → the target's norm op, where that computes the same thing.
+    The residual Add before it is then fused by SkipFusion as for any other norm."""
+
+    def __init__(self, source: str, session: FusionSession) -> None:
+        super().__init__(f"Convert[{source}]", session)
+        self._domain, _, self._op_type = source.rpartition(".")
+        self._converted_from = source
+
+    def pattern(self, op, x):
+        scale = pattern.Var("scale", can_match_none=True)
+        return getattr(op, self._op_type)(x, scale, _domain=self._domain, _outputs=["normed"])
+
+    def check(self, context, x, normed, scale=None, **_):
+        node = normed.producer()
+        spec = self._adapted(context, lambda: self._analyze(context, node, x, scale), anchor=node)
+        if isinstance(spec, pattern.MatchResult):
+            return spec
+        self._spec, self._context = spec, context
+        return pattern.MatchResult()
+
+    def _analyze(self, context, node: ir.Node, x: ir.Value, scale: ir.Value | None) -> NormSpec:
+        types = self._session.types
+        what = f"{self._converted_from} {label(node)}"
+        if any(value.uses() or value.is_graph_output() for value in node.outputs[1:]):
+            raise NotFusable(f"{what}: its inv_std_var output is in use (the fused ops have none)", node)
+        x_dtype = types.dtype(x)
+        if x_dtype not in NORM_DTYPES:
+            raise NotFusable(
+                f"{what}: {dtype_name(x_dtype)} input; the fused ops take float32, float16, bfloat16", node
+            )
+        if self._domain == OP_DOMAIN:
+            placement = "outside_sqrt" if int_attribute(node, "eps_outside_sqrt", 0) else "inside_sqrt"
+        else:
+            opset = default_opset(context.graph_or_function, context.model)
+            if self._op_type == ONNX_RMSNORM and opset < ONNX_RMSNORM_OPSET:
+                raise NotFusable(
+                    f"{what} at default opset {opset}: the op exists from opset {ONNX_RMSNORM_OPSET}", node
+                )
+            require_stash_float32(node, what)
+            y_dtype = types.dtype(scale) if scale is not None else None
+            if y_dtype != x_dtype:
+                raise NotFusable(
+                    f"{what} gives Y its scale's type ({dtype_name(y_dtype)}) and X is {dtype_name(x_dtype)}: the "
+                    "fused ops give Y X's type",
+                    node,
+                )
+            placement = "inside_sqrt"
+        epsilon = float_attribute(node, "epsilon", DEFAULT_EPSILON)
+        if epsilon is None:
+            raise NotFusable(f"{what}: the epsilon attribute is not a float", node)
+        check_epsilon(epsilon, f"{what}: ", node)
+        x_shape = types.shape(x)
+        axis = _normalized_axis(node, what, x_shape.rank() if x_shape is not None else None)
+        return NormSpec(x, x_dtype, x_shape, axis, epsilon, placement, scale_spec(scale, x_shape, -axis, types))
+
+
+def _normalized_axis(node: ir.Node, what: str, rank: int | None) -> int:
+    """The node's ``axis`` as the fused op's (negative: -k normalizes the last k dims)."""
+    axis = int_attribute(node, "axis", -1)
+    if axis is None:
+        raise NotFusable(f"{what}: the axis attribute is not an int", node)
+    if rank is None:
+        if axis >= 0:
+            raise NotFusable(f"{what}: rank unknown, so axis {axis} names no known number of trailing dims", node)
+        return axis
+    if not -rank <= axis < rank:
+        raise NotFusable(f"{what}: axis {axis} is out of range for rank {rank}", node)
+    return axis - rank if axis >= 0 else axis
+
+
+SKIP_NORM_OP = f"{MS_DOMAIN}.{ORT_SKIP_SIMPLIFIED_LAYER_NORM}"
+"""onnxruntime's residual norm op, converted to ``SkipRMSNorm`` by :class:`SkipNormOpConversion`."""
+SKIP_BIAS_SUPPORTED = True
+"""Whether ``SkipRMSNorm`` takes the optional ``bias`` of onnxruntime's op (its 4th input)."""
+
+
+class SkipNormOpConversion(pattern.RewriteRuleClassBase):
+    """onnxruntime's ``com.microsoft.SkipSimplifiedLayerNormalization`` (onnxruntime-genai's model builder, the
+    transformer optimizer and Olive write it) -> ``SkipRMSNorm``, for the ``custom`` target.
+
+    Both normalize the last axis of ``s = input + skip (+ bias)`` computed in float32 and give ``sum`` as
+    ``round_T(s)``: for 16-bit types onnxruntime normalizes ``s`` before rounding it, which ``SkipRMSNorm`` does with
+    ``normalize_float32_sum=1``. The op writes its ``sum`` as its 4th output (``[y, "", "", sum]``) or has none
+    (``[y]``): one rule instance for each."""
+
+    def __init__(self, session: FusionSession, with_sum: bool) -> None:
+        super().__init__(f"Convert[{SKIP_NORM_OP}]", remove_nodes=False)  # the session removes the node
+        self._session = session
+        self._with_sum = with_sum
+
+    def pattern(self, op, x, skip, gamma):
+        bias = pattern.Var("bias", can_match_none=True)
+        if not self._with_sum:
+            return op.SkipSimplifiedLayerNormalization(x, skip, gamma, bias, _domain=MS_DOMAIN, _outputs=["normed"])
+        normed, _, _, total = op.SkipSimplifiedLayerNormalization(
+            x, skip, gamma, bias, _domain=MS_DOMAIN, _outputs=["normed", "mean", "inv_std_var", "total"]
+        )
+        return normed, total
+
+    def check(self, context, x, skip, gamma, normed, bias=None, total=None, **_):
+        node = normed.producer()
+        try:
+            spec = self._analyze(node, x, skip, gamma, bias)
+            self._spec = self._session.target.adapt(spec, context.graph_or_function, context.model, self._session.types)
+        except NotFusable as error:
+            self._session.near_miss(context, self.name, error, anchor=node)
+            return pattern.MatchResult().fail(error.reason, list(error.sources))
+        self._context = context
+        return pattern.MatchResult()
+
+    def _analyze(self, node: ir.Node, x: ir.Value, skip: ir.Value, gamma: ir.Value, bias: ir.Value | None):
+        types = self._session.types
+        what = f"{SKIP_NORM_OP} {label(node)}"
+        statistics = node.outputs[1:3] if self._with_sum else node.outputs[1:]
+        if any(value.uses() or value.is_graph_output() for value in statistics):
+            raise NotFusable(f"{what}: its mean or inv_std_var output is in use (the fused ops have none)", node)
+        x_dtype = types.dtype(x)
+        if x_dtype not in NORM_DTYPES:
+            raise NotFusable(
+                f"{what}: {dtype_name(x_dtype)} input; the fused ops take float32, float16, bfloat16", node
+            )
+        x_shape, skip_shape = types.shape(x), types.shape(skip)
+        if not same_shape(x_shape, skip_shape):
+            raise NotFusable(
+                f"{what}: skip of shape {format_shape(skip_shape)} on input {format_shape(x_shape)} is not known to "
+                "have the input's shape (SkipRMSNorm's skip has X's shape)",
+                node,
+            )
+        if bias is not None:
+            if not SKIP_BIAS_SUPPORTED:
+                raise NotFusable(f"{what} has a bias input, which SkipRMSNorm does not take", node)
+            check_scale_shape(types.shape(bias), x_shape, 1, node)
+            if types.dtype(bias) != x_dtype:
+                raise NotFusable(
+                    f"{what}: bias of type {dtype_name(types.dtype(bias))} on a {dtype_name(x_dtype)} input", node
+                )
+        epsilon = float_attribute(node, "epsilon", ORT_SKIP_DEFAULT_EPSILON)
+        if epsilon is None:
+            raise NotFusable(f"{what}: the epsilon attribute is not a float", node)
+        check_epsilon(epsilon, f"{what}: ", node)
+        scale = scale_spec(gamma, x_shape, 1, types)
+        return NormSpec(x, x_dtype, x_shape, -1, epsilon, "inside_sqrt", scale)
+
+    def rewrite(self, op, x, skip, normed, bias=None, total=None, **_):
+        session, context, spec = self._session, self._context, self._spec
+        name = f"{node_path(normed.producer())}{SKIP_RMSNORM}"
+        inputs = [x, skip, scale_input(op, spec.scale, name)] + ([bias] if bias is not None else [])
+        while inputs[-1] is None:
+            inputs.pop()
+        attributes = {"epsilon": spec.epsilon}
+        if spec.x_dtype in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16):  # float32: the same sum either way
+            attributes[NORMALIZE_FLOAT32_SUM] = 1
+        outputs = getattr(op, SKIP_RMSNORM)(
+            *inputs, _domain=OP_DOMAIN, _version=OP_VERSION, _outputs=2, _name=name, **attributes
+        )
+        replaced = [normed, total]
+        session.fused_norm(spec, outputs[0].producer(), context, self.name, SKIP_NORM_OP, replaced, skip=True)
+        return (outputs[0], outputs[1]) if self._with_sum else outputs[0]

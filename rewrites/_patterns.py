@@ -1,0 +1,119 @@
+"""The patterns of an RMSNorm subgraph, composed from the spellings exporters use.
+
+A norm's subgraph ends in one of four ways; the last node names the form, and each form is the pattern of one rule:
+
+==================  ==================================================  =====
+form                last node                                           phase
+==================  ==================================================  =====
+``scale_cast``      ``Cast(Mul(normalized', scale))`` (either order)    0
+``scale``           ``Mul(normalized', scale)`` (either order)          1
+``cast``            ``Cast(normalized)``                                2
+``div`` / ``mul``   ``normalized`` itself (``x / rms``, ``x * inv``)    3
+==================  ==================================================  =====
+
+(``normalized'`` is ``normalized`` or ``Cast(normalized)``; each Cast may be a ``CastLike``, whose forms are
+``scale_castlike`` and ``castlike``.) A larger form contains the smaller ones, so the rules
+are applied in phases, the largest form first over the whole model (see ``_rule_set``): a norm is fused as far as it
+goes, and where a larger form's check fails (a scale that varies along batch axes, a cast that changes the output
+type), a smaller one fuses in a later phase and the report says what was left out.
+"""
+
+from __future__ import annotations
+
+from onnxscript.rewriter import pattern
+
+DIVISIONS = ("div", "mul", "mul_swapped")
+"""The division forms: ``x / rms``, ``x * inverse``, ``inverse * x``."""
+FORMS = {
+    "scale_cast": 0,
+    "scale_castlike": 0,
+    "scale": 1,
+    "scale_swapped": 1,
+    "cast": 2,
+    "castlike": 2,
+    **{form: 3 for form in DIVISIONS},
+}
+"""Each form's phase: forms of a lower phase contain those of a higher one."""
+
+
+def mean_square(op, x):
+    """mean(x²) over some axes: ReduceMean(x²) or ReduceSum(x²) / count or ReduceSumSquare(x) * (1/count), with x²
+    spelled Pow(x, 2) or Mul(x, x), possibly cast once or twice. Axes, exponent, count and casts are checked later."""
+    axes = pattern.Var("axes", can_match_none=True)
+    square = pattern.OrValue([op.Pow(x, pattern.Var("exponent")), op.Mul(x, x)])
+    # A float16 converter that keeps Pow and ReduceMean in float32 rounds the squares between them to float16.
+    square = _maybe_cast(op, _maybe_cast(op, square, "sq_cast"), "sq_cast2")
+    total = pattern.OrValue(
+        [op.ReduceSum(square, axes, _outputs=["reduced"]), op.ReduceSumSquare(x, axes, _outputs=["reduced"])]
+    )
+    count = pattern.Var("count")
+    return pattern.OrValue(
+        [
+            op.ReduceMean(square, axes, _outputs=["reduced"]),
+            op.Div(total, count),
+            op.Mul(total, count),
+            op.Mul(count, total),
+        ],
+        name="mean_square",
+    )
+
+
+def rms_and_inverse(op, mean_square):
+    """rms = sqrt(ms + eps) | sqrt(ms) + eps | sqrt(ms), and its inverse 1/rms spelled Reciprocal(rms), Div(1, rms)
+    or Pow(ms + eps, -0.5). Epsilon may be either operand of its Add. Each stage of the statistic may be cast (a
+    float16 model whose norm ops a converter kept in float32 casts between them): ``ms_cast``, ``eps_cast``,
+    ``rms_cast``, ``inv_cast``, checked later."""
+    epsilon = pattern.Var("epsilon")
+    ms = _maybe_cast(op, mean_square, "ms_cast")
+    with_eps = pattern.OrValue([op.Add(ms, epsilon), op.Add(epsilon, ms)], name="ms_eps")
+    sqrt_ms = op.Sqrt(ms)
+    rms = pattern.OrValue(
+        [op.Sqrt(_maybe_cast(op, with_eps, "eps_cast")), op.Add(sqrt_ms, epsilon), op.Add(epsilon, sqrt_ms), sqrt_ms],
+        name="rms",
+    )
+    rms = _maybe_cast(op, rms, "rms_cast")
+    inverse = pattern.OrValue(
+        [
+            op.Reciprocal(rms),
+            op.Div(pattern.Var("one"), rms),
+            op.Pow(pattern.OrValue([with_eps, ms]), pattern.Var("minus_half")),
+        ],
+        name="inverse",
+    )
+    return rms, _maybe_cast(op, inverse, "inv_cast")
+
+
+STATISTIC_CASTS = ("sq_cast", "sq_cast2", "ms_cast", "eps_cast", "rms_cast", "inv_cast")
+"""The bindings of the casts a statistic may pass through (see :func:`rms_and_inverse`)."""
+
+
+def cast(op, value, name: str):
+    """``value`` cast to another type: by ``Cast(to=...)`` or by ``CastLike(value, like)`` (the dynamo exporter's
+    ``type_as``), bound as ``name``."""
+    return pattern.OrValue(
+        [op.Cast(value, _outputs=[name]), op.CastLike(value, pattern.Var(f"{name}_like"), _outputs=[name])]
+    )
+
+
+def _maybe_cast(op, value, name: str):
+    return pattern.OrValue([value, cast(op, value, name)])
+
+
+def divided(op, form, numerator, rms, inverse, **outputs):
+    """``numerator`` divided by the rms as ``form`` spells it: x / rms, x * inverse or inverse * x."""
+    if form == "div":
+        return op.Div(numerator, rms, **outputs)
+    return op.Mul(numerator, inverse, **outputs) if form == "mul" else op.Mul(inverse, numerator, **outputs)
+
+
+def normalized(op, x, rms, inverse):
+    """The value divided by the rms: x itself or, tried after that, any numerator ``x_num``, which the check accepts
+    only as the same values as x (TorchScript's second Cast of x's source, or the float16 x whose exact float32 cast
+    the statistic is computed from).
+
+    The alternatives with x itself come first: the matcher backtracks over whole alternatives only, so a free
+    numerator tried first would let ``Mul(x_num, inverse)`` take a Mul whose other operand merely looks like an inverse
+    (a LayerNorm's ``(x - mean) / std`` as ``Div(one, rms)``) and stop there, never trying the real ``inverse * x``."""
+    choices = [divided(op, form, x, rms, inverse) for form in DIVISIONS]
+    choices += [divided(op, form, pattern.Var("x_num"), rms, inverse) for form in DIVISIONS]
+    return pattern.OrValue(choices, name="normalized")
