@@ -28,6 +28,7 @@
 #endif
 
 #include "kernel_test_support.h"  // AlignedBuffer, AvailableIsas (tests/cpp)
+#include "thread_scratch.h"       // the scratch the library's CPU glue gives each thread
 
 namespace ort_rmsnorm {
 namespace {
@@ -268,7 +269,13 @@ int Run(const Options& options) {
                         std::find(options.isas.begin(), options.isas.end(), kernels->isa) != options.isas.end();
     if (wanted) {
       const RowsFn<T> rows = kernels->get<T>();
-      contenders.push_back({kernels->isa, [&batch, rows](int64_t begin, int64_t end) { rows(batch, begin, end); }, {}});
+      const auto scratch_bytes = static_cast<size_t>(ScratchBytes(batch));
+      const auto kernel = [&batch, rows, scratch_bytes](int64_t begin, int64_t end) {
+        RowBatch<T> task = batch;  // as the library's CPU glue calls the kernels: with this thread's scratch
+        task.scratch = ThreadScratch(scratch_bytes);
+        rows(task, begin, end);
+      };
+      contenders.push_back({kernels->isa, kernel, {}});
     }
   }
   for (const std::string& name : options.isas) {

@@ -18,21 +18,22 @@
 //     T* stage, T* streamed): SkipRMSNorm's h = round_T(x + skip) for kWidth values, stored to `stage` (and with a
 //     streaming store to `streamed` when kStreaming and it is not null), returned widened (see HasStageSum).
 //
-// Everything is in an anonymous namespace: see scalar_convert.h for why.
+// Everything is in an anonymous namespace (see scalar_convert.h for why), and nothing here uses a standard
+// container or algorithm, whose inline functions have external linkage: the memory a call needs beyond its tensors
+// comes from the caller, in RowBatch::scratch (staging.h).
 #pragma once
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
 #include <utility>
-#include <vector>
 
 #include "prefetch_order.h"
 #include "rmsnorm_kernels.h"
 #include "row_statistics.h"
 #include "scalar_convert.h"
+#include "staging.h"
 
 namespace ort_rmsnorm {
 namespace {
@@ -240,7 +241,7 @@ struct RowScaler {
   Row row;
   T* y;
   F factor;
-  const float* scale;  // never nullptr here: see NormalizeRows
+  const float* scale;  // never nullptr (RowBatch::scale)
   NextRow next;
   PrefetchOrder order;  // in which order next's steps are prefetched: Order(n)
 
@@ -286,23 +287,6 @@ void NormalizeRowInDouble(const Row row, T* y, int64_t n, const float* scale, fl
   }
 }
 
-// A per-thread row of n elements, reused across calls.
-template <typename T>
-T* ScratchRow(int64_t n) {
-  thread_local std::vector<T> row;
-  if (row.size() < static_cast<size_t>(n)) row.resize(static_cast<size_t>(n));
-  return row.data();
-}
-
-// A per-thread row of n ones: the scale of calls without one. Multiplying by 1 is exact, and one loop without a
-// branch on the scale keeps the portable code vectorized (a branch per vector or per step made it 7-90% slower;
-// the ones cost calls without a scale 9-15% with rows in L1/L2, nothing measurable with rows in memory).
-const float* OnesRow(int64_t n) {
-  thread_local std::vector<float> ones;
-  if (ones.size() < static_cast<size_t>(n)) ones.assign(static_cast<size_t>(n), 1.0f);
-  return ones.data();
-}
-
 // Rows [begin, end): row r's statistic from `stat(r)`, its output from `out(r)` (a StatRow and an OutRow). Row r is
 // scaled, then row r + 1 summed; `pipeline` does both in one loop (row r scaled in the steps of row r + 1's sum of
 // squares) so that row r + 1's loads, from outside the core's caches, overlap row r's arithmetic. The sums and
@@ -321,7 +305,8 @@ void NormalizeRowRange(const RowBatch<T>& batch, int64_t begin, int64_t end, boo
     const bool pipelined = pipeline && r + 1 < end;
     // Prefetched while row r is scaled: the row summed next (r + 1, or r + 2 when r + 1 is summed alongside); the
     // last row of a task prefetches itself, which keeps the loop free of branches.
-    const auto next = stat(std::min(r + (pipelined ? 2 : 1), end - 1));
+    const int64_t next_row = r + (pipelined ? 2 : 1);
+    const auto next = stat(next_row < end ? next_row : end - 1);
     T* const y = batch.y + r * n;
     const auto row = out(r);
     if (!FastPathIsAccurate(sum_squares, batch.epsilon)) {
@@ -357,13 +342,13 @@ void NormalizeRowsWith(const RowBatch<T>& batch, int64_t begin, int64_t end) {
     const auto row = [&](int64_t r) { return InputRow<V, T>{batch.x + r * n}; };
     NormalizeRowRange<V, kStreaming>(batch, begin, end, pipeline, row, row);
   } else {
-    // SkipRMSNorm stages h in `sum`, else in `y` (its second pass overwrites it in place); with streaming stores
-    // neither stays in cache, so in a per-thread scratch row (two when pipelined: row r's h is read while row
-    // r + 1's is formed). Every staging target is written at index i only after x[i] and skip[i] were read, so
-    // any aliasing onnxruntime chooses (Y over X, sum over skip) is safe.
-    T* const scratch = kStreaming ? ScratchRow<T>(pipeline ? 2 * n : n) : nullptr;
+    // SkipRMSNorm stages h in `sum`, else in `y` (its second pass overwrites it in place), or in the caller's
+    // scratch (StagesInScratch: with streaming stores). Every staging target is written at index i only after x[i]
+    // and skip[i] were read, so any aliasing onnxruntime chooses (Y over X, sum over skip) is safe.
+    unsigned char* const scratch = static_cast<unsigned char*>(batch.scratch);
+    const int64_t staged_row_bytes = StagedRowBytes(batch);
     const auto stage = [&](int64_t r) {
-      if (kStreaming) return scratch + (pipeline ? (r & 1) * n : 0);
+      if (kStreaming) return reinterpret_cast<T*>(scratch + (pipeline ? (r & 1) : 0) * staged_row_bytes);
       return (batch.sum ? batch.sum : batch.y) + r * n;
     };
     const auto stat = [&](int64_t r) {
@@ -379,12 +364,10 @@ void NormalizeRowsWith(const RowBatch<T>& batch, int64_t begin, int64_t end) {
 template <class V, typename T>
 void NormalizeRows(const RowBatch<T>& batch, int64_t begin, int64_t end) {
   if (batch.cols == 0 || begin >= end) return;
-  RowBatch<T> scaled = batch;
-  if (!scaled.scale) scaled.scale = OnesRow(batch.cols);
   if (batch.streaming_stores) {
-    NormalizeRowsWith<V, true>(scaled, begin, end);
+    NormalizeRowsWith<V, true>(batch, begin, end);
   } else {
-    NormalizeRowsWith<V, false>(scaled, begin, end);
+    NormalizeRowsWith<V, false>(batch, begin, end);
   }
 }
 

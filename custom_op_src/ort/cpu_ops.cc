@@ -6,11 +6,10 @@
 
 #include "execution_providers.h"
 #include "norm_op.h"
+#include "thread_scratch.h"
 
 namespace ort_rmsnorm {
 namespace {
-
-const CpuKernels* g_cpu_kernels = nullptr;  // set once, before any kernel is created
 
 // Inputs moving less than this (read + written) run inline on the calling thread: they fit in L2, and waking the
 // pool would cost more than it saves. Larger ones are cut into tasks of RowsPerTask rows, claimed dynamically.
@@ -46,15 +45,6 @@ void ParallelRows(const Ort::KernelContext& context, int64_t rows, int64_t bytes
       static_cast<size_t>(tasks), 0, &job);
 }
 
-// Reusable per-thread float32 buffers for scales that must be converted or broadcast per call: no heap
-// allocation once a thread has seen the largest row.
-float* ThreadBuffer(int slot, size_t count) {
-  thread_local std::vector<float> buffers[2];
-  std::vector<float>& buffer = buffers[slot];
-  if (buffer.size() < count) buffer.resize(count);
-  return buffer.data();
-}
-
 // A constant scale converted to float32 with its own shape; when X's normalized dims are static and the scale
 // needs broadcasting, also expanded once per element for them (else broadcast per call: X's shape can be dynamic).
 struct HostScale {
@@ -66,19 +56,19 @@ struct HostScale {
 
 // `count` scale values as float32 (exact): 16-bit ones widened by the dispatched vector kernels.
 template <typename S>
-void ScaleToFloat32(const S* data, size_t count, float* out) {
+void ScaleToFloat32(const CpuKernels& kernels, const S* data, size_t count, float* out) {
   if constexpr (std::is_same_v<S, float>) {
     std::copy(data, data + count, out);
   } else {
-    g_cpu_kernels->widen<S>()(data, out, static_cast<int64_t>(count));
+    kernels.widen<S>()(data, out, static_cast<int64_t>(count));
   }
 }
 
 template <typename S>
-HostScale ToHostScale(const Ort::ConstValue& scale) {
+HostScale ToHostScale(const CpuKernels& kernels, const Ort::ConstValue& scale) {
   HostScale host{ShapeOf(scale), {}, {}, {}};
   host.values.resize(scale.GetTensorTypeAndShapeInfo().GetElementCount());
-  ScaleToFloat32(static_cast<const S*>(scale.GetTensorRawData()), host.values.size(), host.values.data());
+  ScaleToFloat32(kernels, static_cast<const S*>(scale.GetTensorRawData()), host.values.size(), host.values.data());
   return host;
 }
 
@@ -88,13 +78,15 @@ class CpuNormKernel {
 
  public:
   static constexpr const char* kExecutionProvider = "CPUExecutionProvider";
+  // The kernels of the instruction set RegisterCustomOps chose for this process.
+  using Provider = const CpuKernels*;
 
-  explicit CpuNormKernel(const Ort::ConstKernelInfo& info)
-      : attributes_(info, Sig::kName), rows_(g_cpu_kernels->get<T>()) {
+  CpuNormKernel(const Ort::ConstKernelInfo& info, const CpuKernels* kernels)
+      : attributes_(info, Sig::kName), kernels_(*kernels), rows_(kernels->get<T>()) {
     if (info.GetInputCount() > Sig::kScale) {
       int is_constant = 0;
       const Ort::ConstValue scale = info.GetTensorConstantInput(Sig::kScale, &is_constant);
-      if (is_constant) constant_scale_ = ToHostScale<S>(scale);
+      if (is_constant) constant_scale_ = ToHostScale<S>(kernels_, scale);
     }
     const std::optional<StaticInput> x = attributes_.CheckStaticInput(info);
     if (x && constant_scale_ && x->normalized_dims_known &&
@@ -118,12 +110,12 @@ class CpuNormKernel {
   const float* LayOutScale(const float* scale, const Shape& scale_shape, const Shape& x_shape,
                            const NormGeometry& geometry, int slot) const {
     if (attributes_.ScaleLayoutFor(scale_shape, x_shape, geometry) == ScaleLayout::kPerElement) return scale;
-    float* expanded = ThreadBuffer(slot, static_cast<size_t>(geometry.cols));
+    float* expanded = ThreadFloats(slot, static_cast<size_t>(geometry.cols));
     ExpandScale(scale, attributes_.BroadcastFor(scale_shape, geometry), geometry.cols, expanded);
     return expanded;
   }
 
-  // The scale as `cols` float32 values in row order, or nullptr when the node has none.
+  // The scale as `cols` float32 values in row order, or nullptr when the node has none (see ThreadOnes).
   const float* ScaleForCall(const Ort::KernelContext& context, const Shape& x_shape,
                             const NormGeometry& geometry) const {
     if (constant_scale_) {
@@ -142,8 +134,8 @@ class CpuNormKernel {
       return LayOutScale(data, scale_shape, x_shape, geometry, 0);
     } else {
       const size_t count = scale.GetTensorTypeAndShapeInfo().GetElementCount();
-      float* converted = ThreadBuffer(0, count);
-      ScaleToFloat32(data, count, converted);
+      float* converted = ThreadFloats(0, count);
+      ScaleToFloat32(kernels_, data, count, converted);
       return LayOutScale(converted, scale_shape, x_shape, geometry, 1);
     }
   }
@@ -162,14 +154,21 @@ class CpuNormKernel {
     batch.scale = ScaleForCall(context, call.x_shape, geometry);
     const int64_t tensors_moved = 2 + (batch.skip ? 1 : 0) + (batch.sum ? 1 : 0);  // X, Y; skip, sum
     if (geometry.rows == 0 || geometry.cols == 0) return;
+    if (!batch.scale) batch.scale = ThreadOnes(static_cast<size_t>(geometry.cols));  // read by every task's thread
     const int64_t row_bytes = geometry.cols * static_cast<int64_t>(sizeof(T));
     batch.streaming_stores = geometry.rows * row_bytes * (batch.sum ? 2 : 1) >= kStreamingOutputBytes &&
                              row_bytes % 64 == 0 && LineAligned(batch.y) && (!batch.sum || LineAligned(batch.sum));
+    const auto scratch_bytes = static_cast<size_t>(ScratchBytes(batch));
     ParallelRows(context, geometry.rows, row_bytes * tensors_moved, batch.streaming_stores,
-                 [&](int64_t begin, int64_t end) { rows_(batch, begin, end); });
+                 [&](int64_t begin, int64_t end) {
+                   RowBatch<T> task = batch;
+                   task.scratch = ThreadScratch(scratch_bytes);  // of the thread running this task
+                   rows_(task, begin, end);
+                 });
   }
 
   NormAttributes attributes_;
+  const CpuKernels& kernels_;
   RowsFn<T> rows_;
   std::optional<HostScale> constant_scale_;  // converted to float32 once, at kernel creation
 };
@@ -177,8 +176,7 @@ class CpuNormKernel {
 }  // namespace
 
 void AppendCpuOps(const CpuKernels& kernels, std::vector<const OrtCustomOp*>& ops) {
-  g_cpu_kernels = &kernels;
-  AppendNormOps<CpuNormKernel>(ops);
+  AppendNormOps<CpuNormKernel>(&kernels, ops);
 }
 
 }  // namespace ort_rmsnorm

@@ -93,14 +93,18 @@ class DeviceGuard {
   bool set_ = false;
 };
 
+// The CUDA kernels share no state: what they need of the device is read by each kernel at its creation.
+struct CudaProvider {};
+
 template <NormKind K, typename T, typename S>
 class CudaNormKernel {
   using Sig = NormSignature<K>;
 
  public:
   static constexpr const char* kExecutionProvider = "CUDAExecutionProvider";
+  using Provider = CudaProvider;
 
-  explicit CudaNormKernel(const Ort::ConstKernelInfo& info) : attributes_(info, Sig::kName) {
+  CudaNormKernel(const Ort::ConstKernelInfo& info, const Provider&) : attributes_(info, Sig::kName) {
     OrtAllocator* allocator = nullptr;
     Ort::ThrowOnError(Ort::GetApi().KernelInfoGetAllocator(info, OrtMemTypeDefault, &allocator));
     allocator_.reset(allocator);
@@ -233,7 +237,7 @@ class CudaNormKernel {
 
 void AppendCudaOps(std::vector<const OrtCustomOp*>& ops) {
   if (RuntimeApiVersion() < kApiCudaKernels) return;
-  AppendNormOps<CudaNormKernel>(ops);
+  AppendNormOps<CudaNormKernel>(CudaProvider{}, ops);
 }
 
 }  // namespace ort_rmsnorm

@@ -256,7 +256,7 @@ void RunRandomCases(const std::vector<const CpuKernels*>& isas, const Options& o
       batch.cols = geometry.cols;
       batch.epsilon = c.epsilon;
       batch.eps_outside_sqrt = c.eps_outside_sqrt;
-      kernels->get<T>()(batch, 0, geometry.rows);
+      Normalize<T>(*kernels, batch, 0, geometry.rows);
       ++tried;
       const std::string mismatch = FirstMismatch(y, reference);
       bool sum_ok = true;
@@ -330,7 +330,7 @@ void RunExactConversions(const std::vector<const CpuKernels*>& isas, std::mt1993
       batch.cols = cols;
       batch.epsilon = 0.0f;
       batch.streaming_stores = streaming;
-      kernels->get<T>()(batch, 0, 1);
+      Normalize<T>(*kernels, batch, 0, 1);
       size_t mismatches = 0, first = 0;
       for (size_t k = 0; k < probes.size(); ++k) {
         const T want = FromFloat<T>(probes[k]);
@@ -354,7 +354,7 @@ void RunExactConversions(const std::vector<const CpuKernels*>& isas, std::mt1993
       add.sum = sum.data();
       add.y = out.data();
       add.cols = 256;  // 256 rows of 256
-      kernels->get<T>()(add, 0, 256);
+      Normalize<T>(*kernels, add, 0, 256);
       size_t wrong = 0;
       for (size_t k = 0; k < patterns.size(); ++k) {
         wrong += !SameBits(ToFloat(sum[k]), ToFloat(FromFloat<T>(ToFloat(patterns[k]) + ToFloat((*skip)[k]))));
@@ -388,6 +388,7 @@ void RunAllFloat16Sums(const std::vector<const CpuKernels*>& isas) {
     for (const std::vector<Float16>* skips : {&finite, &special}) {
       const auto cols = static_cast<int64_t>(skips->size());
       std::vector<Float16> x(kRows * cols), skip(kRows * cols), y(kRows * cols);
+      const std::vector<float> ones(static_cast<size_t>(cols), 1.0f);
       std::vector<std::vector<Float16>> sums(vector_isas.size(), std::vector<Float16>(kRows * cols));
       for (int64_t k = 0; k < kRows * cols; ++k) skip[k] = (*skips)[k % cols];
       for (int64_t chunk = kRows * worker; chunk < 0x10000; chunk += kRows * workers) {
@@ -400,8 +401,9 @@ void RunAllFloat16Sums(const std::vector<const CpuKernels*>& isas) {
           batch.skip = skip.data();
           batch.sum = sums[i].data();
           batch.y = y.data();
+          batch.scale = ones.data();
           batch.cols = cols;
-          vector_isas[i]->get<Float16>()(batch, 0, kRows);
+          Normalize<Float16>(*vector_isas[i], batch, 0, kRows);
           if (i == 0 || std::memcmp(sums[i].data(), sums[0].data(), sums[0].size() * sizeof(Float16)) == 0) continue;
           for (int64_t k = 0; k < kRows * cols; ++k) {
             const Float16 a = sums[i][k], b = sums[0][k];
@@ -444,7 +446,7 @@ void CheckAgainstRowReference(const CpuKernels& kernels, const std::vector<T>& x
   batch.scale = scale.data();
   batch.cols = cols;
   batch.epsilon = epsilon;
-  kernels.get<T>()(batch, 0, c.x_shape[0]);
+  Normalize<T>(kernels, batch, 0, c.x_shape[0]);
   // Within tolerance also means finite wherever the float64 result is: no inf from an overflowed float32
   // statistic, no 0 or NaN from an underflowed one.
   const std::string mismatch = FirstMismatch(y, reference);
@@ -510,13 +512,13 @@ void RunThreads(const std::vector<const CpuKernels*>& isas, std::mt19937& rng) {
       return batch;
     };
     std::vector<T> y1(x.size()), sum1(x.size()), yn(x.size()), sumn(x.size());
-    kernels->get<T>()(make_batch(y1, sum1), 0, kRows);
+    Normalize<T>(*kernels, make_batch(y1, sum1), 0, kRows);
     const RowBatch<T> shared = make_batch(yn, sumn);
     std::vector<std::thread> threads;
     for (int t = 0; t < kThreads; ++t) {
       threads.emplace_back([&, t] {  // interleaved single rows: neighbouring threads write neighbouring rows
         for (int repeat = 0; repeat < 3; ++repeat) {
-          for (int64_t r = t; r < kRows; r += kThreads) kernels->get<T>()(shared, r, r + 1);
+          for (int64_t r = t; r < kRows; r += kThreads) Normalize<T>(*kernels, shared, r, r + 1);
         }
       });
     }

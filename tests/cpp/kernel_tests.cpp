@@ -82,8 +82,8 @@ void RunCase(const CpuKernels& kernels, const Case& c, const std::vector<T>& x, 
   batch.epsilon = c.epsilon;
   batch.eps_outside_sqrt = c.eps_outside_sqrt;
   // Two calls over disjoint row ranges, as the thread pool would make them.
-  kernels.get<T>()(batch, 0, c.rows / 2);
-  kernels.get<T>()(batch, c.rows / 2, c.rows);
+  Normalize<T>(kernels, batch, 0, c.rows / 2);
+  Normalize<T>(kernels, batch, c.rows / 2, c.rows);
 
   const std::string name = Describe(kernels.isa, TypeName<T>(), c);
   if (c.cols * sizeof(T) % 64 == 0) {
@@ -92,7 +92,7 @@ void RunCase(const CpuKernels& kernels, const Case& c, const std::vector<T>& x, 
     streamed.streaming_stores = true;
     streamed.y = streamed_y.data();
     streamed.sum = batch.sum ? streamed_sum.data() : nullptr;
-    kernels.get<T>()(streamed, 0, c.rows);
+    Normalize<T>(kernels, streamed, 0, c.rows);
     bool same = std::memcmp(streamed_y.data(), y.data(), n * sizeof(T)) == 0;
     if (batch.sum) same = same && std::memcmp(streamed_sum.data(), sum.data(), n * sizeof(T)) == 0;
     Expect(same, name + ": streaming stores change the result");
@@ -252,10 +252,10 @@ void RunInPlace(const std::vector<const CpuKernels*>& isas) {
         batch.y = expected.data();
         batch.cols = cols;
         batch.streaming_stores = streaming;
-        kernels->get<T>()(batch, 0, rows);
+        Normalize<T>(*kernels, batch, 0, rows);
         batch.y = x.data();
         batch.sum = with_sum ? s.data() : nullptr;
-        kernels->get<T>()(batch, 0, rows);
+        Normalize<T>(*kernels, batch, 0, rows);
         bool same = std::memcmp(x.data(), expected.data(), n * sizeof(T)) == 0;
         if (with_sum) same = same && std::memcmp(s.data(), expected_sum.data(), n * sizeof(T)) == 0;
         Expect(same, std::string(kernels->isa) + " " + TypeName<T>() + (streaming ? " streaming" : "") +
