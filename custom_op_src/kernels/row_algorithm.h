@@ -362,8 +362,9 @@ void NormalizeRowsWith(const RowBatch<T>& batch, int64_t begin, int64_t end) {
 }
 
 template <class V, typename T>
-void NormalizeRows(const RowBatch<T>& batch, int64_t begin, int64_t end) {
-  if (batch.cols == 0 || begin >= end) return;
+void NormalizeRows(const RowBatch<T>& caller_batch, int64_t begin, int64_t end) {
+  if (caller_batch.cols == 0 || begin >= end) return;
+  const RowBatch<T> batch = caller_batch;  // a local copy: no store through y or sum can change its fields
   if (batch.streaming_stores) {
     NormalizeRowsWith<V, true>(batch, begin, end);
   } else {
