@@ -30,13 +30,19 @@ struct BFloat16 {
 };
 
 // One kernel call over a 2-D view [rows, cols] of the input. The kernels use no memory but what a batch points to.
+//
+// SkipRMSNorm (skip set) forms s = (x + skip) + bias per element in float32 (each addition rounded to float32, the
+// bias term only when there is one), writes round_T(s) to `sum`, and normalizes round_T(s), or s itself when
+// normalize_float32_sum (the same computation for float32).
 template <typename T>
 struct RowBatch {
   const T* x = nullptr;
-  const T* skip = nullptr;     // SkipRMSNorm: h = round_T(x + skip) is normalized; nullptr for RMSNorm
-  T* sum = nullptr;            // SkipRMSNorm: receives h when not nullptr
+  const T* skip = nullptr;     // SkipRMSNorm: nullptr for RMSNorm
+  T* sum = nullptr;            // SkipRMSNorm: receives round_T(s) when not nullptr
   T* y = nullptr;
   const float* scale = nullptr;  // `cols` float32 gains, already broadcast (ones for a node without a scale)
+  const float* bias = nullptr;   // SkipRMSNorm: nullptr, or `cols` float32 values (exact T values), already broadcast
+  bool normalize_float32_sum = false;  // SkipRMSNorm: normalize s rather than round_T(s)
   int64_t cols = 0;
   float epsilon = 1e-5f;
   bool eps_outside_sqrt = false;

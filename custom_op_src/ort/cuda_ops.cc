@@ -104,7 +104,7 @@ class CudaNormKernel {
   static constexpr const char* kExecutionProvider = "CUDAExecutionProvider";
   using Provider = CudaProvider;
 
-  CudaNormKernel(const Ort::ConstKernelInfo& info, const Provider&) : attributes_(info, Sig::kName) {
+  CudaNormKernel(const Ort::ConstKernelInfo& info, const Provider&) : attributes_(info, Sig::kName, Sig::kSkip) {
     OrtAllocator* allocator = nullptr;
     Ort::ThrowOnError(Ort::GetApi().KernelInfoGetAllocator(info, OrtMemTypeDefault, &allocator));
     allocator_.reset(allocator);
@@ -118,6 +118,9 @@ class CudaNormKernel {
       if (is_constant) CopyConstantScale(scale);
     }
     PrepareForStaticShape(info);
+    if (attributes_.normalize_float32_sum || info.GetInputCount() > Sig::kBias) {
+      attributes_.Fail("the CUDA kernels do not implement normalize_float32_sum or bias yet", ORT_NOT_IMPLEMENTED);
+    }
   }
 
   OrtStatusPtr ComputeV2(OrtKernelContext* raw_context) {

@@ -21,13 +21,14 @@ constexpr const char* kDomain = "ort_rmsnorm";
 enum class NormKind { kRmsNorm, kSkipRmsNorm };
 
 // Signature:  RMSNorm(X: T, scale: S?) -> Y: T
-//             SkipRMSNorm(X: T, skip: T, scale: S?) -> (Y: T, sum: T?)
+//             SkipRMSNorm(X: T, skip: T, scale: S?, bias: T?) -> (Y: T, sum: T?)
 template <NormKind K>
 struct NormSignature {
   static constexpr bool kSkip = K == NormKind::kSkipRmsNorm;
   static constexpr const char* kName = kSkip ? "SkipRMSNorm" : "RMSNorm";
   static constexpr size_t kX = 0, kSkipInput = 1, kScale = kSkip ? 2 : 1;
-  static constexpr size_t kInputs = kScale + 1;
+  static constexpr size_t kBias = 3;  // SkipRMSNorm only
+  static constexpr size_t kInputs = kSkip ? kBias + 1 : kScale + 1;
   static constexpr size_t kY = 0, kSum = 1;
   static constexpr size_t kOutputs = kSkip ? 2 : 1;
 };
@@ -49,14 +50,17 @@ struct NormAttributes {
   int64_t axis = -1;
   float epsilon = 1e-5f;
   bool eps_outside_sqrt = false;
+  bool normalize_float32_sum = false;  // SkipRMSNorm
 
-  NormAttributes(const Ort::ConstKernelInfo& info, const char* op);
+  NormAttributes(const Ort::ConstKernelInfo& info, const char* op, bool skip);
 
   [[noreturn]] void Fail(const std::string& problem, OrtErrorCode code = ORT_INVALID_ARGUMENT) const;
 
   NormGeometry Geometry(const Shape& x_shape) const;
-  ScaleLayout ScaleLayoutFor(const Shape& scale_shape, const Shape& x_shape, const NormGeometry& geometry) const;
-  ScaleBroadcast BroadcastFor(const Shape& scale_shape, const NormGeometry& geometry) const;
+  // The layout of a per-column input (`name`: "scale", or SkipRMSNorm's "bias") over a row.
+  ScaleLayout ScaleLayoutFor(const Shape& shape, const Shape& x_shape, const NormGeometry& geometry,
+                             const char* name = "scale") const;
+  ScaleBroadcast BroadcastFor(const Shape& shape, const NormGeometry& geometry, const char* name = "scale") const;
   void CheckSkipShape(const Shape& skip_shape, const Shape& x_shape) const;
 
   // The static X of the node with its axis checked, or nullopt when the rank is unknown: problems visible in the
@@ -129,10 +133,10 @@ struct NormOp : Ort::CustomOpBase<NormOp<Kernel, K, T, S>, Kernel<K, T, S>, /*Wi
 
   size_t GetInputTypeCount() const { return Sig::kInputs; }
   ONNXTensorElementDataType GetInputType(size_t index) const {
-    return index == Sig::kScale ? kOrtElementType<S> : kOrtElementType<T>;
+    return index == Sig::kScale ? kOrtElementType<S> : kOrtElementType<T>;  // bias: T
   }
   OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t index) const {
-    return index == Sig::kScale ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+    return index >= Sig::kScale ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
   }
 
   size_t GetOutputTypeCount() const { return Sig::kOutputs; }

@@ -21,7 +21,7 @@ const float* ThreadOnes(size_t count) {
 }
 
 float* ThreadFloats(int slot, size_t count) {
-  thread_local std::vector<float> buffers[2];
+  thread_local std::vector<float> buffers[kThreadFloatSlots];
   std::vector<float>& buffer = buffers[slot];
   if (buffer.size() < count) buffer.resize(count);
   return buffer.data();

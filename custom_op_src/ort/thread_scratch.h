@@ -18,7 +18,8 @@ void* ThreadScratch(size_t bytes);
 // 7-90% slower; the ones cost calls without a scale 9-15% with rows in L1/L2, nothing measurable with rows in memory).
 const float* ThreadOnes(size_t count);
 
-// `count` float32 values; `slot` (0 or 1) selects one of two independent buffers.
+// `count` float32 values; `slot` (0 to kThreadFloatSlots - 1) selects one of independent buffers.
+constexpr int kThreadFloatSlots = 4;
 float* ThreadFloats(int slot, size_t count);
 
 }  // namespace ort_rmsnorm

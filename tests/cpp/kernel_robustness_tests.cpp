@@ -54,15 +54,18 @@ struct RandomCase {
   bool eps_outside_sqrt = false;
   bool skip = false;
   bool sum_output = false;
+  bool bias = false;         // SkipRMSNorm: a bias row (one value per element of the normalized dims)
+  bool float32_sum = false;  // SkipRMSNorm: normalize_float32_sum
   double magnitude = 1.0;
   int specials = 0;  // NaN/Inf values planted in X
 };
 
 std::string Describe(const RandomCase& c) {
-  char text[160];
-  std::snprintf(text, sizeof text, " axis=%lld eps=%g outside=%d skip=%d sum=%d magnitude=%g specials=%d",
-                static_cast<long long>(c.axis), c.epsilon, c.eps_outside_sqrt, c.skip, c.sum_output, c.magnitude,
-                c.specials);
+  char text[200];
+  std::snprintf(text, sizeof text,
+                " axis=%lld eps=%g outside=%d skip=%d sum=%d bias=%d float32_sum=%d magnitude=%g specials=%d",
+                static_cast<long long>(c.axis), c.epsilon, c.eps_outside_sqrt, c.skip, c.sum_output, c.bias,
+                c.float32_sum, c.magnitude, c.specials);
   return "X" + ShapeToString(c.x_shape) + (c.has_scale ? " scale" + ShapeToString(c.scale_shape) : " no-scale") +
          text;
 }
@@ -117,6 +120,8 @@ RandomCase MakeRandomCase(std::mt19937& rng) {
   c.eps_outside_sqrt = chance(0.3);
   c.skip = chance(0.4);
   c.sum_output = c.skip && chance(0.6);
+  c.bias = c.skip && chance(0.4);
+  c.float32_sum = c.skip && chance(0.5);
   // log-uniform over most of the range of T (float16: 1e-7 .. 1e4; bfloat16/float32: 1e-40 .. 1e36).
   const double lo = std::is_same_v<T, Float16> ? -7 : -40, hi = std::is_same_v<T, Float16> ? 4 : 36;
   c.magnitude = std::pow(10.0, std::uniform_real_distribution<double>(lo, hi)(rng));
@@ -148,6 +153,7 @@ Shape MakeInvalidScaleShape(const RandomCase& c, std::mt19937& rng) {
 // scale index of each element from its own multi-index and the right-aligned scale shape.
 template <typename T>
 std::vector<double> NdReference(const RandomCase& c, const std::vector<T>& h, const std::vector<float>& scale) {
+  // h: the normalized values (x, round_T(s), or the float32 sum s itself)
   const size_t rank = c.x_shape.size();
   const size_t axis = static_cast<size_t>(c.axis < 0 ? c.axis + static_cast<int64_t>(rank) : c.axis);
   int64_t row_size = 1;
@@ -241,9 +247,25 @@ void RunRandomCases(const std::vector<const CpuKernels*>& isas, const Options& o
       }
     }
 
+    // SkipRMSNorm: s = (x + skip) + bias in float32, sum = round_T(s); normalized: round_T(s), or s.
+    std::vector<float> bias;
+    if (c.bias) {
+      for (const T& b : RandomTensor<T>(rng, static_cast<size_t>(geometry.cols), c.magnitude)) {
+        bias.push_back(ToFloat(b));
+      }
+    }
     std::vector<T> h(count);
-    for (size_t k = 0; k < count; ++k) h[k] = c.skip ? FromFloat<T>(ToFloat(x[k]) + ToFloat(skip[k])) : x[k];
-    const std::vector<double> reference = NdReference(c, h, scale);
+    std::vector<float> s(count);
+    for (size_t k = 0; k < count; ++k) {
+      s[k] = ToFloat(x[k]);
+      if (c.skip) {
+        s[k] += ToFloat(skip[k]);
+        if (c.bias) s[k] += bias[k % static_cast<size_t>(geometry.cols)];
+      }
+      h[k] = c.skip ? FromFloat<T>(s[k]) : x[k];
+    }
+    const std::vector<double> reference =
+        c.skip && c.float32_sum ? NdReference(c, s, scale) : NdReference(c, h, scale);
 
     for (const CpuKernels* kernels : isas) {
       std::vector<T> y(count), sum(count);
@@ -251,6 +273,8 @@ void RunRandomCases(const std::vector<const CpuKernels*>& isas, const Options& o
       batch.x = x.data();
       batch.skip = c.skip ? skip.data() : nullptr;
       batch.sum = c.sum_output ? sum.data() : nullptr;
+      batch.bias = c.bias ? bias.data() : nullptr;
+      batch.normalize_float32_sum = c.float32_sum;
       batch.y = y.data();
       batch.scale = row_scale;
       batch.cols = geometry.cols;
