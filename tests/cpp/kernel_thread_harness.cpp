@@ -1,6 +1,6 @@
 // The CPU kernels driven from many threads the way onnxruntime drives them, without onnxruntime: built with
 // -fsanitize=thread by scripts/test-tsan, which fails on any ThreadSanitizer report. Every output is also compared
-// bit for bit with a run of the same call on one thread, made afterwards.
+// bit for bit with the same call run on one thread (after the first use, before the threaded runs).
 //
 //   1. First use: the threads are released together before anything in the process has selected the kernels; each
 //      picks them (SelectCpuKernels, CpuKernelsFor of every instruction set) and runs a call at once.
@@ -25,6 +25,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "kernel_test_support.h"  // AlignedBuffer, Expect, Summary
@@ -58,7 +59,7 @@ class Barrier {
   int64_t generation_ = 0;
 };
 
-// One kernel call: its settings, shared inputs and its own outputs. Inputs are bytes of T.
+// The settings of one kernel call.
 struct Call {
   std::string name;
   int type = 0;  // 0 float32, 1 float16, 2 bfloat16
