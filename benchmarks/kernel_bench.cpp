@@ -28,6 +28,7 @@
 #endif
 
 #include "kernel_test_support.h"  // AlignedBuffer, AvailableIsas (tests/cpp)
+#include "thread_scratch.h"       // the scratch the library's CPU glue gives each thread
 
 namespace ort_rmsnorm {
 namespace {
@@ -37,6 +38,8 @@ struct Options {
   int64_t rows = 2048;
   int64_t cols = 4096;
   bool skip = false;
+  bool bias = false;
+  bool float32_sum = false;
   bool streaming = false;
   int repetitions = 21;
   int threads = 1;
@@ -44,9 +47,11 @@ struct Options {
 };
 
 const char kUsage[] =
-    "usage: kernel_bench [--dtype float32|float16|bfloat16] [--rows R] [--cols H] [--skip] [--streaming]\n"
-    "                    [--repetitions N] [--threads N] [--isa NAME[,NAME...]]\n"
+    "usage: kernel_bench [--dtype float32|float16|bfloat16] [--rows R] [--cols H] [--skip [--bias] [--float32-sum]]\n"
+    "                    [--streaming] [--repetitions N] [--threads N] [--isa NAME[,NAME...]]\n"
     "  --skip        SkipRMSNorm (X + skip, writing Y and sum) instead of RMSNorm\n"
+    "  --bias        SkipRMSNorm with a bias row (X + skip + bias)\n"
+    "  --float32-sum SkipRMSNorm normalizing the float32 sum (normalize_float32_sum = 1)\n"
     "  --streaming   write the outputs with streaming stores, as the library does for outputs of 8 MB or more\n"
     "  --threads     run every contender on N threads, claiming the library's tasks of rows in turn (wall time)\n"
     "  --isa         kernel sets to time (default: every one this CPU runs): scalar, avx2, avx512, avx512bf16,\n"
@@ -89,6 +94,10 @@ Options Parse(int argc, char** argv) {
       options.threads = static_cast<int>(std::min<int64_t>(PositiveInteger("--threads", value()), 1024));
     } else if (arg == "--skip") {
       options.skip = true;
+    } else if (arg == "--bias") {
+      options.bias = true;
+    } else if (arg == "--float32-sum") {
+      options.float32_sum = true;
     } else if (arg == "--streaming") {
       options.streaming = true;
     } else if (arg == "--isa") {
@@ -106,6 +115,7 @@ Options Parse(int argc, char** argv) {
     }
   }
   if (options.cols > (int64_t{1} << 40) / options.rows) Fail("--rows times --cols is too large");
+  if ((options.bias || options.float32_sum) && !options.skip) Fail("--bias and --float32-sum need --skip");
   return options;
 }
 
@@ -218,10 +228,11 @@ int Run(const Options& options) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   AlignedBuffer<T> x(count), skip(options.skip ? count : 0), y(count), sum(options.skip ? count : 0);
   AlignedBuffer<T> copy(options.skip ? 2 * count : count);
-  AlignedBuffer<float> scale(options.cols);
+  AlignedBuffer<float> scale(options.cols), bias(options.cols);
   for (int64_t i = 0; i < count; ++i) x[i] = FromFloat<T>(normal(random));
   for (int64_t i = 0; i < (options.skip ? count : 0); ++i) skip[i] = FromFloat<T>(normal(random));
   for (int64_t i = 0; i < options.cols; ++i) scale[i] = 1.0f + 0.1f * normal(random);
+  for (int64_t i = 0; i < options.cols; ++i) bias[i] = ToFloat(FromFloat<T>(0.1f * normal(random)));
 
   RowBatch<T> batch;
   batch.x = x.data();
@@ -229,6 +240,8 @@ int Run(const Options& options) {
   batch.sum = options.skip ? sum.data() : nullptr;
   batch.y = y.data();
   batch.scale = scale.data();
+  batch.bias = options.bias ? bias.data() : nullptr;
+  batch.normalize_float32_sum = options.float32_sum;
   batch.cols = options.cols;
   batch.streaming_stores = options.streaming;
 
@@ -268,7 +281,13 @@ int Run(const Options& options) {
                         std::find(options.isas.begin(), options.isas.end(), kernels->isa) != options.isas.end();
     if (wanted) {
       const RowsFn<T> rows = kernels->get<T>();
-      contenders.push_back({kernels->isa, [&batch, rows](int64_t begin, int64_t end) { rows(batch, begin, end); }, {}});
+      const auto scratch_bytes = static_cast<size_t>(ScratchBytes(batch));
+      const auto kernel = [&batch, rows, scratch_bytes](int64_t begin, int64_t end) {
+        RowBatch<T> task = batch;  // as the library's CPU glue calls the kernels: with this thread's scratch
+        task.scratch = ThreadScratch(scratch_bytes);
+        rows(task, begin, end);
+      };
+      contenders.push_back({kernels->isa, kernel, {}});
     }
   }
   for (const std::string& name : options.isas) {
@@ -295,8 +314,11 @@ int Run(const Options& options) {
   }
 
   const std::string on = threads == 1 ? "one thread" : std::to_string(threads) + " threads";
+  const std::string op = !options.skip ? "RMSNorm"
+                         : std::string("SkipRMSNorm") + (options.bias ? " with bias" : "") +
+                               (options.float32_sum ? " (float32 sum)" : "");
   std::printf("%s %s, %lld x %lld, %s stores, %s, %d repetitions of %d calls (medians, %s)\n",
-              options.skip ? "SkipRMSNorm" : "RMSNorm", options.dtype.c_str(), static_cast<long long>(options.rows),
+              op.c_str(), options.dtype.c_str(), static_cast<long long>(options.rows),
               static_cast<long long>(options.cols), options.streaming ? "streaming" : "ordinary", on.c_str(),
               options.repetitions, calls, threads == 1 ? "thread CPU time" : "wall time");
   std::printf("%-12s %12s %10s %8s %10s%s\n", "contender", "us per call", "ns per el", "GB/s", "x memcpy",

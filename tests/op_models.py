@@ -70,11 +70,14 @@ def norm_model(
     x_shape=("rows", "a", "b"),
     scale_shape=None,
     constant_scale: np.ndarray | None = None,
+    bias_shape=None,
+    constant_bias: np.ndarray | None = None,
     attributes: dict | None = None,
     node_name: str = "norm0",
 ) -> onnx.ModelProto:
     """RMSNorm (or SkipRMSNorm) over input `x` (and `skip`); the scale is a graph input of `scale_shape`, or the
-    initializer `constant_scale`, or absent."""
+    initializer `constant_scale`, or absent; SkipRMSNorm's bias (of X's type) likewise from `bias_shape` or
+    `constant_bias` (an absent scale is then the empty input name)."""
     x_type = ONNX_TYPE[np.dtype(x_dtype)]
     inputs = [helper.make_tensor_value_info("x", x_type, list(x_shape) if x_shape is not None else None)]
     node_inputs = ["x"]
@@ -88,6 +91,14 @@ def norm_model(
     elif scale_shape is not None:
         inputs.append(helper.make_tensor_value_info("scale", ONNX_TYPE[np.dtype(scale_dtype)], list(scale_shape)))
         node_inputs.append("scale")
+    if constant_bias is not None or bias_shape is not None:
+        if len(node_inputs) < 3:
+            node_inputs.append("")  # no scale
+        if constant_bias is not None:
+            initializers.append(tensor_proto("bias", constant_bias))
+        else:
+            inputs.append(helper.make_tensor_value_info("bias", x_type, list(bias_shape)))
+        node_inputs.append("bias")
     outputs = [helper.make_tensor_value_info("y", x_type, None)]
     node_outputs = ["y"]
     if sum_output:

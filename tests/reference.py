@@ -16,14 +16,22 @@ UNIT_ROUNDOFF = {np.dtype(np.float32): 2.0**-24, np.dtype(np.float16): 2.0**-11,
 SMALLEST_SUBNORMAL = {np.dtype(np.float32): 2.0**-149, np.dtype(np.float16): 2.0**-24, BFLOAT16: 2.0**-133}
 
 
-def rmsnorm(x, scale=None, axis=-1, epsilon=1e-5, eps_outside_sqrt=False, skip=None):
-    """(y in float64, h) where h is the normalized input: x, or round_T(f32(x) + f32(skip)) for SkipRMSNorm."""
+def rmsnorm(x, scale=None, axis=-1, epsilon=1e-5, eps_outside_sqrt=False, skip=None, bias=None,
+            normalize_float32_sum=False):
+    """(y in float64, h). RMSNorm: h = x, normalized. SkipRMSNorm (skip given): s = (f32(x) + f32(skip)) + f32(bias)
+    formed in float32 (bias broadcast like scale, its term only when given), h = round_T(s) (the `sum` output), and
+    the normalized values are h, or s itself with normalize_float32_sum."""
     x = np.asarray(x)
     if skip is not None:
-        h = (x.astype(np.float32) + np.asarray(skip).astype(np.float32)).astype(x.dtype)
+        s = x.astype(np.float32) + np.asarray(skip).astype(np.float32)
+        if bias is not None:
+            s = s + np.asarray(bias).astype(np.float32)
+        with np.errstate(over="ignore"):  # a float32 sum beyond T's range rounds to inf, as the op's does
+            h = s.astype(x.dtype)
+        normalized = s if normalize_float32_sum else h
     else:
-        h = x
-    hd = h.astype(np.float64)
+        h = normalized = x
+    hd = normalized.astype(np.float64)
     axes = tuple(range(axis % hd.ndim, hd.ndim))
     mean_square = np.mean(hd * hd, axis=axes, keepdims=True) if hd.size else np.zeros_like(hd)
     eps = float(np.float32(epsilon))

@@ -80,6 +80,47 @@ def test_eps_outside_sqrt_must_be_0_or_1():
     assert "attribute 'eps_outside_sqrt' must be 0 or 1, got 2" in message
 
 
+@pytest.mark.parametrize("value", [2, -1])
+def test_normalize_float32_sum_must_be_0_or_1(value):
+    model = norm_model(np.float16, skip=True, x_shape=(2, 8), attributes={"normalize_float32_sum": value})
+    message = _creation_error(model)
+    assert f"SkipRMSNorm node 'norm0': attribute 'normalize_float32_sum' must be 0 or 1, got {value}" in message
+
+
+def test_normalize_float32_sum_is_skiprmsnorms():
+    message = _creation_error(norm_model(np.float32, x_shape=(2, 8), attributes={"normalize_float32_sum": 1}))
+    assert "RMSNorm node 'norm0': attribute 'normalize_float32_sum' is SkipRMSNorm's" in message
+
+
+def test_constant_bias_not_broadcastable_at_creation():
+    model = norm_model(np.float32, skip=True, x_shape=(2, 8), constant_bias=np.ones(5, np.float32))
+    message = _creation_error(model)
+    assert ("SkipRMSNorm node 'norm0': bias of shape [5] does not broadcast onto the normalized dims [8] of X [2, 8]"
+            in message)
+
+
+@pytest.mark.parametrize("bias_shape", [(5,), (2, 8), (1, 1, 8)], ids=["wrong-dim", "varies-along-rows", "rank-above-x"])
+def test_input_bias_not_broadcastable_at_run_time(bias_shape):
+    model = norm_model(np.float32, skip=True, x_shape=None)
+    model.graph.input.append(helper.make_tensor_value_info("bias", TensorProto.FLOAT, None))
+    model.graph.node[0].input.extend(["", "bias"])
+    x = np.ones((2, 8), np.float32)
+    message = _run_error(model, {"x": x, "skip": x, "bias": np.ones(bias_shape, np.float32)})
+    shape_text = "[" + ", ".join(map(str, bias_shape)) + "]"
+    assert f"SkipRMSNorm node 'norm0': bias of shape {shape_text} does not broadcast" in message
+    assert "of X [2, 8]" in message
+
+
+@pytest.mark.parametrize("bias_type", [TensorProto.FLOAT, TensorProto.BFLOAT16], ids=["float32", "bfloat16"])
+def test_bias_of_another_type_than_x_names_the_node(bias_type):
+    """The bias has X's type (no float32 overload, unlike the scale): onnxruntime refuses others at creation."""
+    model = norm_model(np.float16, skip=True, x_shape=(2, 8))
+    model.graph.input.append(helper.make_tensor_value_info("bias", bias_type, [8]))
+    model.graph.node[0].input.extend(["", "bias"])
+    message = _creation_error(model)
+    assert "norm0" in message and "no kernel def matches node inputs for Op: SkipRMSNorm" in message
+
+
 @pytest.mark.parametrize(
     "attributes,expected",
     [
@@ -88,10 +129,12 @@ def test_eps_outside_sqrt_must_be_0_or_1():
         ({"eps_outside_sqrt": 1.0}, "attribute 'eps_outside_sqrt' must be an int (0 or 1), got a float"),
         ({"axis": [1, 2]}, "attribute 'axis' must be an int, got another type"),
         ({"epsilon": "1e-5"}, "attribute 'epsilon' must be a float, got another type"),
+        ({"normalize_float32_sum": 1.0}, "attribute 'normalize_float32_sum' must be an int (0 or 1), got a float"),
     ],
 )
 def test_attribute_of_the_wrong_type(attributes, expected):
-    assert expected in _creation_error(norm_model(np.float32, x_shape=(2, 8), attributes=attributes))
+    skip = "normalize_float32_sum" in attributes  # SkipRMSNorm's
+    assert expected in _creation_error(norm_model(np.float32, skip=skip, x_shape=(2, 8), attributes=attributes))
 
 
 def test_unsupported_type_pair_names_the_node():

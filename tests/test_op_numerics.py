@@ -28,14 +28,18 @@ def _session(model, threads=1):
     return make_session(model, threads=threads)
 
 
-def _check(session, x_dtype, x, scale=None, skip=None, *, axis, epsilon, outside, sum_output=False, what=""):
+def _check(session, x_dtype, x, scale=None, skip=None, *, axis, epsilon, outside, sum_output=False, what="",
+           bias=None, bias_fed=True, float32_sum=False):
     feeds = {"x": x}
     if skip is not None:
         feeds["skip"] = skip
     if scale is not None:
         feeds["scale"] = scale
+    if bias is not None and bias_fed:
+        feeds["bias"] = bias
     outputs = run(session, feeds)
-    expected, h = rmsnorm(x, scale, axis=axis, epsilon=epsilon, eps_outside_sqrt=bool(outside), skip=skip)
+    expected, h = rmsnorm(x, scale, axis=axis, epsilon=epsilon, eps_outside_sqrt=bool(outside), skip=skip, bias=bias,
+                          normalize_float32_sum=float32_sum)
     assert outputs[0].dtype == x_dtype, f"{what}: output dtype {outputs[0].dtype} != {x_dtype}"
     assert_matches_reference(outputs[0], expected, x_dtype, what)
     if sum_output:
@@ -96,6 +100,76 @@ def test_scale_layouts(rng, x_dtype, scale_dtype, scale_shape, axis, constant):
     outputs = run(session, {"x": x, **({"scale": feeds_scale} if feeds_scale is not None else {})})
     expected, _ = rmsnorm(x, scale, axis=axis)
     assert_matches_reference(outputs[0], expected, x_dtype, f"scale {scale_shape}")
+
+
+@pytest.mark.parametrize("x_dtype,scale_dtype", TYPE_PAIRS, ids=PAIR_IDS)
+@pytest.mark.parametrize("float32_sum", [0, 1], ids=["rounded-sum", "float32-sum"])
+@pytest.mark.parametrize(
+    "bias_shape,axis,bias_kind",
+    [(None, -1, "none"), ((64,), -1, "input"), ((64,), -1, "initializer"), ((1,), -1, "input"),
+     ((8, 64), -2, "input"), ((8, 1), -2, "initializer"), ((64,), -2, "input")],
+    ids=lambda v: str(v),
+)
+@pytest.mark.parametrize("sum_output", [False, True], ids=["no-sum", "sum"])
+def test_skip_bias_and_float32_sum(rng, x_dtype, scale_dtype, float32_sum, bias_shape, axis, bias_kind, sum_output):
+    """SkipRMSNorm's s = (x + skip) + bias in float32; `sum` is round_T(s) bit for bit, Y normalizes round_T(s) or,
+    with normalize_float32_sum = 1, s itself. Skip small against x, so that rounding the sum moves many values."""
+    bias = rng.standard_normal(bias_shape).astype(np.float32).astype(x_dtype) if bias_shape else None
+    scale = rng.uniform(0.5, 1.5, (8, 64)[axis:]).astype(np.float32).astype(scale_dtype)
+    model = norm_model(
+        x_dtype, scale_dtype, skip=True, sum_output=sum_output, x_shape=("r", 8, 64), scale_shape=scale.shape,
+        bias_shape=bias_shape if bias_kind == "input" else None,
+        constant_bias=bias if bias_kind == "initializer" else None,
+        attributes={"axis": axis, "normalize_float32_sum": float32_sum},
+    )
+    session = _session(model)
+    for rows in (1, 5):
+        x = random_array(rng, (rows, 8, 64), x_dtype)
+        skip = random_array(rng, (rows, 8, 64), x_dtype, magnitude=1 / 64)
+        _check(session, x_dtype, x, scale, skip, axis=axis, epsilon=1e-5, outside=0, sum_output=sum_output,
+               bias=bias, bias_fed=bias_kind == "input", float32_sum=bool(float32_sum), what=f"{rows} rows")
+
+
+@pytest.mark.parametrize("x_dtype", [np.dtype(np.float16), TYPE_PAIRS[3][0]], ids=str)
+def test_float32_sum_is_not_the_rounded_sum(rng, x_dtype):
+    """The two settings of normalize_float32_sum compute different functions for 16-bit types: each output is
+    within tolerance of its own reference and, in some elements, outside the other's (rounding the sum moves an
+    output by up to about one unit in the last place)."""
+    x = random_array(rng, (16, 512), x_dtype)
+    skip = random_array(rng, (16, 512), x_dtype, magnitude=1 / 64)
+    outputs = {}
+    for float32_sum in (0, 1):
+        model = norm_model(x_dtype, skip=True, x_shape=("r", "d"), attributes={"normalize_float32_sum": float32_sum})
+        (outputs[float32_sum],) = run(_session(model), {"x": x, "skip": skip})
+    for float32_sum in (0, 1):
+        own, _ = rmsnorm(x, skip=skip, normalize_float32_sum=bool(float32_sum))
+        other, _ = rmsnorm(x, skip=skip, normalize_float32_sum=not float32_sum)
+        assert_matches_reference(outputs[float32_sum], own, x_dtype, f"normalize_float32_sum={float32_sum}")
+        with pytest.raises(AssertionError, match="outside tolerance"):
+            assert_matches_reference(outputs[float32_sum], other, x_dtype, "the other setting's reference")
+
+
+def test_float32_sum_is_the_same_computation_for_float32(rng):
+    x, skip = random_array(rng, (8, 300), np.float32), random_array(rng, (8, 300), np.float32, magnitude=1 / 64)
+    results = [run(_session(norm_model(np.float32, skip=True, sum_output=True, x_shape=("r", "d"),
+                                       attributes={"normalize_float32_sum": value})), {"x": x, "skip": skip})
+               for value in (0, 1)]
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+def test_float32_sum_beyond_float16_range(rng):
+    """float16 x + skip beyond 65504: `sum` is inf either way; the float32 sum is finite, and so is its norm."""
+    x = np.full((2, 64), 60000.0, np.float16)
+    skip = np.full((2, 64), 8000.0, np.float16)
+    skip[:, ::2] = -8000.0
+    model = norm_model(np.float16, skip=True, sum_output=True, x_shape=("r", "d"),
+                       attributes={"normalize_float32_sum": 1})
+    y, h = run(_session(model), {"x": x, "skip": skip})
+    expected, expected_h = rmsnorm(x, skip=skip, normalize_float32_sum=True)
+    assert np.isinf(h[:, 1::2]).all() and np.isfinite(expected).all()
+    assert_matches_reference(y, expected, np.float16, "finite norm of the float32 sum")
+    np.testing.assert_array_equal(h.view(np.uint16), expected_h.view(np.uint16))
 
 
 @pytest.mark.parametrize("x_dtype", [np.dtype(np.float32), np.dtype(np.float16), TYPE_PAIRS[3][0]], ids=str)
@@ -212,17 +286,29 @@ def test_property_random_shapes(shape, data, pair, skip, outside, epsilon):
     drop = data.draw(st.integers(0, len(normalized)), label="dropped leading dims")
     scale_shape = [d if data.draw(st.booleans()) else 1 for d in normalized[drop:]]
     use_scale = data.draw(st.booleans(), label="scale")
+    # SkipRMSNorm: a bias of a random broadcastable shape, and either setting of normalize_float32_sum.
+    bias_drop = data.draw(st.integers(0, len(normalized)), label="bias: dropped leading dims")
+    bias_shape = [d if data.draw(st.booleans()) else 1 for d in normalized[bias_drop:]]
+    use_bias = skip and data.draw(st.booleans(), label="bias")
+    float32_sum = skip and data.draw(st.booleans(), label="normalize_float32_sum")
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="seed"))
+    attributes = {"axis": axis, "epsilon": epsilon, "eps_outside_sqrt": int(outside)}
+    if skip:
+        attributes["normalize_float32_sum"] = int(float32_sum)
     model = norm_model(
         x_dtype, scale_dtype, skip=skip, sum_output=skip, x_shape=[f"d{i}" for i in range(rank)],
         scale_shape=[f"s{i}" for i in range(len(scale_shape))] if use_scale else None,
-        attributes={"axis": axis, "epsilon": epsilon, "eps_outside_sqrt": int(outside)},
+        bias_shape=[f"b{i}" for i in range(len(bias_shape))] if use_bias else None,
+        attributes=attributes,
     )
     x = random_array(rng, shape, x_dtype)
     s = random_array(rng, shape, x_dtype) if skip else None
     scale = rng.uniform(-2, 2, scale_shape).astype(np.float32).astype(scale_dtype) if use_scale else None
+    bias = random_array(rng, bias_shape, x_dtype) if use_bias else None
     _check(_session(model), x_dtype, x, scale, s, axis=axis, epsilon=epsilon, outside=outside, sum_output=skip,
-           what=f"shape {shape} axis {axis} scale {scale_shape if use_scale else None}")
+           bias=bias, float32_sum=float32_sum,
+           what=f"shape {shape} axis {axis} scale {scale_shape if use_scale else None} "
+                f"bias {bias_shape if use_bias else None} float32_sum {float32_sum}")
 
 
 def test_library_loads_in_a_default_session():
@@ -234,14 +320,16 @@ def test_library_loads_in_a_default_session():
 
 
 @pytest.mark.parametrize("x_dtype", [np.dtype(np.float32), np.dtype(np.float16), TYPE_PAIRS[3][0]], ids=str)
-@pytest.mark.parametrize("op", ["rmsnorm", "skip", "skip+sum"])
+@pytest.mark.parametrize("op", ["rmsnorm", "skip", "skip+sum", "skip+bias+float32-sum", "skip+sum+bias+float32-sum"])
 def test_large_outputs_match_small_ones_bit_for_bit(rng, x_dtype, op):
     """Outputs of several MB are written with streaming stores, in larger tasks, and rows are pipelined (each
     row scaled inside the next row's sum of squares): every row must have the bits it gets in smaller calls (ordinary
     stores, row by row), a row redone in double (it holds a NaN) among them, and the results match the reference."""
     skip = op != "rmsnorm"
-    model = norm_model(x_dtype, np.float32, skip=skip, sum_output=op == "skip+sum", x_shape=("r", "d"),
-                       scale_shape=["d"])
+    float32_sum = "float32-sum" in op
+    model = norm_model(x_dtype, np.float32, skip=skip, sum_output="sum+" in op or op == "skip+sum",
+                       x_shape=("r", "d"), scale_shape=["d"], bias_shape=["d"] if "bias" in op else None,
+                       attributes={"normalize_float32_sum": 1} if float32_sum else None)
     session = _session(model, threads=2)
     # Rows of whole cache lines (streaming stores need them) that end in half a 64-element step: the tail each
     # pipelined row finishes after the next row's sum.
@@ -249,9 +337,11 @@ def test_large_outputs_match_small_ones_bit_for_bit(rng, x_dtype, op):
     x, s = random_array(rng, (rows, cols), x_dtype), random_array(rng, (rows, cols), x_dtype)
     x[rows // 3, 5] = np.nan
     scale = rng.uniform(0.5, 1.5, cols).astype(np.float32)
+    bias = rng.standard_normal(cols).astype(np.float32).astype(x_dtype) if "bias" in op else None
 
     def feeds(part):
-        return {"x": x[part], "scale": scale, **({"skip": s[part]} if skip else {})}
+        return {"x": x[part], "scale": scale, **({"skip": s[part]} if skip else {}),
+                **({"bias": bias} if bias is not None else {})}
 
     large = run(session, feeds(slice(None)))
     chunk = 256  # 512 KB of float16 output: ordinary stores
@@ -259,8 +349,8 @@ def test_large_outputs_match_small_ones_bit_for_bit(rng, x_dtype, op):
     for output, got_large in enumerate(large):
         got_small = np.concatenate([parts[output] for parts in small])
         np.testing.assert_array_equal(got_large.view(np.uint8), got_small.view(np.uint8))
-    expected, h = rmsnorm(x, scale, skip=s if skip else None)
+    expected, h = rmsnorm(x, scale, skip=s if skip else None, bias=bias, normalize_float32_sum=float32_sum)
     assert_matches_reference(large[0], expected, x_dtype, "large output")
     assert np.isnan(large[0][rows // 3]).all() and not np.isnan(np.delete(large[0], rows // 3, axis=0)).any()
-    if op == "skip+sum":
+    if len(large) > 1:
         np.testing.assert_array_equal(large[1].view(np.uint8), h.view(np.uint8))

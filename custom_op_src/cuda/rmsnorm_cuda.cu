@@ -28,6 +28,7 @@ int AccessWidth(const NormArgs& args) {
     if (p && !Aligned16(p)) return 1;
   }
   if (args.scale && args.scale_per_element && !Aligned16(args.scale)) return 1;
+  if (args.skip && args.bias && !Aligned16(args.bias)) return 1;
   return vector;
 }
 

@@ -159,6 +159,14 @@ struct Packed {
 
 // ---- the per-row numerics (README "Numerics"; FastPathIsAccurate and InverseRms are the CPU kernels' own) -----
 
+// What a row normalizes: X (RMSNorm), or SkipRMSNorm's s = (x + skip) + bias formed in float32, either rounded to
+// T (round_T(s), which is also the `sum` output) or as it is (normalize_float32_sum, for 16-bit T).
+enum class Skip { kNone, kRoundedSum, kFloat32Sum };
+
+// The type a thread holds its row's normalized values in.
+template <typename T, Skip kSkip>
+using Held = std::conditional_t<kSkip == Skip::kFloat32Sum, float, T>;
+
 // Typed view of NormArgs for one (T, S) pair.
 template <typename T, typename S>
 struct RowArgs {
@@ -168,6 +176,7 @@ struct RowArgs {
   T* y;
   const S* scale;
   bool scale_per_element;
+  const float* bias;  // SkipRMSNorm: nullptr, or float32 per column
   int64_t cols;
   float epsilon;
   bool eps_outside_sqrt;
@@ -233,19 +242,45 @@ ORT_RMSNORM_HD double SumOfSquaresInDouble(const Packed<T, E>& h) {
   return sum;
 }
 
-// h = round_T(x + skip), the value the unfused graph's Add produces.
+// s = (x + skip) + bias in float32 for the access at column `col` (the bias term when there is one).
 template <typename T, int E>
-ORT_RMSNORM_HD Packed<T, E> RoundedSum(const Packed<T, E>& a, const Packed<T, E>& b) {
-  float sum[E];
+ORT_RMSNORM_HD void FormSum(const Packed<T, E>& a, const Packed<T, E>& b, const float* bias, int64_t col,
+                            float (&sum)[E]) {
   ORT_RMSNORM_UNROLL
   for (int e = 0; e < E; ++e) sum[e] = a.Get(e) + b.Get(e);
-  return Packed<T, E>::Round(sum);
+  if (bias) {
+    const Packed<float, E> add = Packed<float, E>::Load(bias + col);
+    ORT_RMSNORM_UNROLL
+    for (int e = 0; e < E; ++e) sum[e] += add.Get(e);
+  }
+}
+
+// The normalized values of SkipRMSNorm's access at `col`: round_T(s) (what the unfused graph's Add produces), or s.
+template <Skip kSkip, typename T, int E>
+ORT_RMSNORM_HD Packed<Held<T, kSkip>, E> SkipSum(const Packed<T, E>& a, const Packed<T, E>& b, const float* bias,
+                                                 int64_t col) {
+  float sum[E];
+  FormSum(a, b, bias, col, sum);
+  return Packed<Held<T, kSkip>, E>::Round(sum);
+}
+
+// Held values rounded to T (the `sum` output of the float32 sum; no change for values held in T).
+template <typename T, typename H, int E>
+ORT_RMSNORM_HD Packed<T, E> RoundedTo(const Packed<H, E>& h) {
+  if constexpr (std::is_same_v<H, T>) {
+    return h;
+  } else {
+    float values[E];
+    ORT_RMSNORM_UNROLL
+    for (int e = 0; e < E; ++e) values[e] = h.Get(e);
+    return Packed<T, E>::Round(values);
+  }
 }
 
 // y = round_T((h * factor) * scale) with the products in Acc: float32, rounded once to T; or float64, for rows
 // whose float32 statistic is not trustworthy, rounded double -> float -> T.
-template <typename Acc, typename T, typename S, int E>
-ORT_RMSNORM_HD Packed<T, E> Scaled(const Packed<T, E>& h, Acc factor, const ScaleReader<S, E>& scale, int64_t col) {
+template <typename T, typename Acc, typename H, typename S, int E>
+ORT_RMSNORM_HD Packed<T, E> Scaled(const Packed<H, E>& h, Acc factor, const ScaleReader<S, E>& scale, int64_t col) {
   float y[E];
   scale.Read(col, y);
   ORT_RMSNORM_UNROLL
@@ -255,25 +290,21 @@ ORT_RMSNORM_HD Packed<T, E> Scaled(const Packed<T, E>& h, Acc factor, const Scal
   return Packed<T, E>::Round(y);
 }
 
-// Where SkipRMSNorm keeps h when the row is read a second time: the `sum` output, or y (overwritten later).
+// Where SkipRMSNorm keeps round_T(s) when the row is read a second time: the `sum` output, or y (overwritten later).
 template <typename T, typename S>
 ORT_RMSNORM_HD T* Staging(const RowArgs<T, S>& args) {
   return args.sum ? args.sum : args.y;
 }
 
-// The row that is normalized, as it can be read again from memory: x, or the stored h.
-template <typename T, typename S, bool kSkip>
-ORT_RMSNORM_HD const T* Normalized(const RowArgs<T, S>& args) {
-  if constexpr (kSkip) return Staging(args);
-  return args.x;
-}
-
 // One thread's share of a row held in registers: accesses t + k * G (k < N) of the row starting at element `base`;
 // those past the row end are zeros and never stored. E divides cols, and cols fits in an int (rows up to 64 KiB).
-template <typename T, typename S, bool kSkip, int E, int N>
+// SkipRMSNorm with the float32 sum holds s in float32 and writes `sum` only with y, after the row's statistic: until
+// then x and skip are unchanged (y and sum may alias them), so a row redone in float64 forms s again from them.
+template <typename T, typename S, Skip kSkip, int E, int N>
 struct RegisterRow {
   using Vec = Packed<T, E>;
-  Vec h[N];
+  using HeldVec = Packed<Held<T, kSkip>, E>;
+  HeldVec h[N];
 
   // Element offset of access k within the row, or -1 past the row end.
   ORT_RMSNORM_HD static int Offset(int k, int t, int group, int cols) {
@@ -281,8 +312,8 @@ struct RegisterRow {
     return offset < cols ? offset : -1;
   }
 
-  // Loads the row (every load issued before any use) and prefetches its gains, forms h for SkipRMSNorm and stores it
-  // to `sum`, returns the float32 sum of squares of this thread's elements.
+  // Loads the row (every load issued before any use) and prefetches its gains, forms SkipRMSNorm's sum and stores
+  // round_T(s) to `sum` (the rounded sum only), returns the float32 sum of squares of this thread's elements.
   ORT_RMSNORM_HD float Load(const RowArgs<T, S>& args, int64_t base, int t, int group,
                             const ScaleReader<S, E>& scale) {
     const int cols = static_cast<int>(args.cols);
@@ -298,7 +329,7 @@ struct RegisterRow {
       const int offset = Offset(k, t, group, cols);
       if (offset >= 0) scale.Prefetch(offset);
     }
-    if constexpr (kSkip) {
+    if constexpr (kSkip != Skip::kNone) {
       const T* skip = args.skip + base;
       Vec skipped[N];
       ORT_RMSNORM_UNROLL
@@ -307,8 +338,11 @@ struct RegisterRow {
         skipped[k] = offset >= 0 ? Vec::Load(skip + offset) : Vec::Zero();
       }
       ORT_RMSNORM_UNROLL
-      for (int k = 0; k < N; ++k) h[k] = RoundedSum(loaded[k], skipped[k]);
-      if (args.sum) Write(args.sum + base, t, group, cols);
+      for (int k = 0; k < N; ++k) {
+        const int offset = Offset(k, t, group, cols);
+        h[k] = offset >= 0 ? SkipSum<kSkip>(loaded[k], skipped[k], args.bias, offset) : HeldVec::Zero();
+      }
+      if (kSkip == Skip::kRoundedSum && args.sum) Write(args.sum + base, t, group, cols);
     } else {
       ORT_RMSNORM_UNROLL
       for (int k = 0; k < N; ++k) h[k] = loaded[k];
@@ -316,9 +350,10 @@ struct RegisterRow {
     return SumOfSquares(h);
   }
 
-  // Before the row is redone in float64 from memory: SkipRMSNorm without a `sum` output stages h in y.
+  // Before the row is redone in float64 from memory: SkipRMSNorm's rounded sum without a `sum` output is staged in
+  // y (the float32 sum is formed again from x and skip).
   ORT_RMSNORM_HD void StageForRereading(const RowArgs<T, S>& args, int64_t base, int t, int group) const {
-    if constexpr (kSkip) {
+    if constexpr (kSkip == Skip::kRoundedSum) {
       if (!args.sum) Write(args.y + base, t, group, static_cast<int>(args.cols));
     }
   }
@@ -330,46 +365,52 @@ struct RegisterRow {
     ORT_RMSNORM_UNROLL
     for (int k = 0; k < N; ++k) {
       const int offset = Offset(k, t, group, cols);
-      if (offset >= 0) Scaled(h[k], factor, scale, offset).Store(y + offset);
+      if (offset >= 0) Scaled<T>(h[k], factor, scale, offset).Store(y + offset);
     }
+    if (kSkip == Skip::kFloat32Sum && args.sum) Write(args.sum + base, t, group, cols);
   }
 
  private:
+  // round_T of the held values.
   ORT_RMSNORM_HD void Write(T* row, int t, int group, int cols) const {
     ORT_RMSNORM_UNROLL
     for (int k = 0; k < N; ++k) {
       const int offset = Offset(k, t, group, cols);
-      if (offset >= 0) h[k].Store(row + offset);
+      if (offset >= 0) RoundedTo<T>(h[k]).Store(row + offset);
     }
   }
 };
 
 // One thread's share of a row read twice from memory (the same accesses t, t + G, ... as RegisterRow, so each
 // element is read and written by one thread and y may alias x, sum alias skip): for rows too long for registers,
-// and for the float64 redo of rows whose float32 statistic is not trustworthy.
-template <typename T, typename S, bool kSkip, int E>
+// and for the float64 redo of rows whose float32 statistic is not trustworthy. SkipRMSNorm's rounded sum is staged
+// in `sum` (or y) by pass one; the float32 sum is formed again from x and skip in every pass, and `sum` written in
+// the last, with y.
+template <typename T, typename S, Skip kSkip, int E>
 struct TwoPassRow {
   using Vec = Packed<T, E>;
+  using HeldVec = Packed<Held<T, kSkip>, E>;
 
-  // Pass one: float32 partial sums of one access (E <= 8 terms) added in float64; SkipRMSNorm stores h.
+  // Pass one: float32 partial sums of one access (E <= 8 terms) added in float64; the rounded sum is staged.
   ORT_RMSNORM_HD static double Accumulate(const RowArgs<T, S>& args, int64_t base, int t, int group) {
     double total = 0.0;
     ForEachAccess(args, t, group, [&](int64_t i) {
-      Vec h[1] = {Vec::Load(args.x + base + i)};
-      if constexpr (kSkip) {
-        h[0] = RoundedSum(h[0], Vec::Load(args.skip + base + i));
-        h[0].Store(Staging(args) + base + i);
+      HeldVec h[1];
+      if constexpr (kSkip == Skip::kNone) {
+        h[0] = Vec::Load(args.x + base + i);
+      } else {
+        h[0] = SkipSum<kSkip>(Vec::Load(args.x + base + i), Vec::Load(args.skip + base + i), args.bias, i);
+        if constexpr (kSkip == Skip::kRoundedSum) h[0].Store(Staging(args) + base + i);
       }
       total += SumOfSquares(h);
     });
     return total;
   }
 
-  // The float64 statistic of the row as stored (x, or the staged h).
+  // The float64 statistic of the normalized row.
   ORT_RMSNORM_HD static double SumSquaresInDouble(const RowArgs<T, S>& args, int64_t base, int t, int group) {
-    const T* source = Normalized<T, S, kSkip>(args) + base;
     double total = 0.0;
-    ForEachAccess(args, t, group, [&](int64_t i) { total += SumOfSquaresInDouble(Vec::Load(source + i)); });
+    ForEachAccess(args, t, group, [&](int64_t i) { total += SumOfSquaresInDouble(Normalized(args, base, i)); });
     return total;
   }
 
@@ -377,12 +418,29 @@ struct TwoPassRow {
   template <typename Acc>
   ORT_RMSNORM_HD static void Store(const RowArgs<T, S>& args, int64_t base, int t, int group, Acc factor,
                                    const ScaleReader<S, E>& scale) {
-    const T* source = Normalized<T, S, kSkip>(args) + base;
     T* y = args.y + base;
-    ForEachAccess(args, t, group, [&](int64_t i) { Scaled(Vec::Load(source + i), factor, scale, i).Store(y + i); });
+    ForEachAccess(args, t, group, [&](int64_t i) {
+      const HeldVec h = Normalized(args, base, i);
+      Scaled<T>(h, factor, scale, i).Store(y + i);
+      if constexpr (kSkip == Skip::kFloat32Sum) {
+        if (args.sum) RoundedTo<T>(h).Store(args.sum + base + i);
+      }
+    });
   }
 
  private:
+  // The normalized values of the access at i, as they can be read again: x, the staged round_T(s), or s formed
+  // again from x and skip.
+  ORT_RMSNORM_HD static HeldVec Normalized(const RowArgs<T, S>& args, int64_t base, int64_t i) {
+    if constexpr (kSkip == Skip::kNone) {
+      return Vec::Load(args.x + base + i);
+    } else if constexpr (kSkip == Skip::kRoundedSum) {
+      return Vec::Load(Staging(args) + base + i);
+    } else {
+      return SkipSum<kSkip>(Vec::Load(args.x + base + i), Vec::Load(args.skip + base + i), args.bias, i);
+    }
+  }
+
   // fn(i) for each of this thread's accesses: elements [i, i + E) for i = t * E, (t + G) * E, ...
   template <class Fn>
   ORT_RMSNORM_HD static void ForEachAccess(const RowArgs<T, S>& args, int t, int group, const Fn& fn) {
@@ -426,7 +484,7 @@ int64_t GpuSizedGrid(const LaunchPlan& plan, int64_t rows, const DeviceInfo& dev
 cudaError_t LaunchWithPlan(const NormArgs& args, const LaunchPlan& plan, cudaStream_t stream);
 
 // Calls visitor.template Run<T, S, kSkip, E, N>() for the kernel variant of `plan` (N = 0: two-pass).
-template <typename T, typename S, bool kSkip, class Visitor>
+template <typename T, typename S, Skip kSkip, class Visitor>
 cudaError_t VisitShape(const LaunchPlan& plan, Visitor& visitor) {
   constexpr int kVector = 16 / static_cast<int>(sizeof(T));
   if (plan.width == 1) {
@@ -442,22 +500,32 @@ cudaError_t VisitShape(const LaunchPlan& plan, Visitor& visitor) {
   }
 }
 
+// What a call normalizes (for float32 both SkipRMSNorm settings are the same computation: the rounded sum's).
+template <typename T, typename S, class Visitor>
+cudaError_t VisitSkip(const NormArgs& args, const LaunchPlan& plan, Visitor& visitor) {
+  if (!args.skip) return VisitShape<T, S, Skip::kNone>(plan, visitor);
+  if constexpr (!std::is_same_v<T, float>) {
+    if (args.normalize_float32_sum) return VisitShape<T, S, Skip::kFloat32Sum>(plan, visitor);
+  }
+  return VisitShape<T, S, Skip::kRoundedSum>(plan, visitor);
+}
+
 template <typename T, class Visitor>
 cudaError_t VisitVariant(const NormArgs& args, const LaunchPlan& plan, Visitor& visitor) {
   const bool float_scale = args.scale == nullptr || args.scale_type == ElementType::kFloat32;
   if constexpr (!std::is_same_v<T, float>) {
-    if (!float_scale) {
-      return args.skip ? VisitShape<T, T, true>(plan, visitor) : VisitShape<T, T, false>(plan, visitor);
-    }
+    if (!float_scale) return VisitSkip<T, T>(args, plan, visitor);
   }
-  return args.skip ? VisitShape<T, float, true>(plan, visitor) : VisitShape<T, float, false>(plan, visitor);
+  return VisitSkip<T, float>(args, plan, visitor);
 }
 
 template <typename T, typename S>
 RowArgs<T, S> TypedArgs(const NormArgs& args) {
-  return RowArgs<T, S>{static_cast<const T*>(args.x), static_cast<const T*>(args.skip), static_cast<T*>(args.sum),
-                       static_cast<T*>(args.y),       static_cast<const S*>(args.scale), args.scale_per_element,
-                       args.cols,                     args.epsilon,                      args.eps_outside_sqrt};
+  return RowArgs<T, S>{static_cast<const T*>(args.x),      static_cast<const T*>(args.skip),
+                       static_cast<T*>(args.sum),          static_cast<T*>(args.y),
+                       static_cast<const S*>(args.scale),  args.scale_per_element,
+                       args.skip ? args.bias : nullptr,    args.cols,
+                       args.epsilon,                       args.eps_outside_sqrt};
 }
 
 // ---- kernels ----------------------------------------------------------------------------------------------------
@@ -483,7 +551,7 @@ __device__ __forceinline__ double GroupSum(double value, int group, GroupSlots& 
 
 // The whole row again in float64, read from memory (rare: kept out of line, away from the kernels' registers).
 // Returns the next phase of `slots`.
-template <typename T, typename S, bool kSkip, int E>
+template <typename T, typename S, Skip kSkip, int E>
 __device__ __noinline__ int RedoRowInDouble(RowArgs<T, S> args, int64_t base, int t, int group,
                                             ScaleReader<S, E> scale, GroupSlots& slots, int phase) {
   using Row = TwoPassRow<T, S, kSkip, E>;
@@ -499,7 +567,7 @@ constexpr int RegisterKernelMaxThreads() {
 }
 
 // Rows in registers. A block holds `blockDim.x / group` rows (several only when group == 32); grid-stride over rows.
-template <typename T, typename S, bool kSkip, int E, int N>
+template <typename T, typename S, Skip kSkip, int E, int N>
 __global__ void __launch_bounds__(RegisterKernelMaxThreads<E>())
     RegisterRowsKernel(RowArgs<T, S> args, int64_t rows, int group) {
   __shared__ GroupSlots slots;
@@ -525,7 +593,7 @@ __global__ void __launch_bounds__(RegisterKernelMaxThreads<E>())
 }
 
 // Rows read twice: one block per row, grid-stride over rows.
-template <typename T, typename S, bool kSkip, int E>
+template <typename T, typename S, Skip kSkip, int E>
 __global__ void __launch_bounds__(kTwoPassThreads) TwoPassRowsKernel(RowArgs<T, S> args, int64_t rows) {
   __shared__ GroupSlots slots;
   int phase = 0;
@@ -551,7 +619,7 @@ struct KernelLauncher {
   const LaunchPlan& plan;
   cudaStream_t stream;
 
-  template <typename T, typename S, bool kSkip, int E, int N>
+  template <typename T, typename S, Skip kSkip, int E, int N>
   cudaError_t Run() const {
     const RowArgs<T, S> typed = TypedArgs<T, S>(args);
     const dim3 grid(static_cast<unsigned>(plan.grid)), block(static_cast<unsigned>(plan.block));

@@ -85,6 +85,27 @@ const CpuFeatures& Features() {
 
 }  // namespace
 
+template <>
+RowsFn<float> CpuKernels::get<float>() const {
+  return f32;
+}
+template <>
+RowsFn<Float16> CpuKernels::get<Float16>() const {
+  return f16;
+}
+template <>
+RowsFn<BFloat16> CpuKernels::get<BFloat16>() const {
+  return bf16;
+}
+template <>
+WidenFn<Float16> CpuKernels::widen<Float16>() const {
+  return widen_f16;
+}
+template <>
+WidenFn<BFloat16> CpuKernels::widen<BFloat16>() const {
+  return widen_bf16;
+}
+
 const char* CpuIsaName(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::kScalar: return "scalar";

@@ -27,7 +27,7 @@ std::string ResolveGeometry(const Shape& x_shape, int64_t axis, NormGeometry* ge
 }
 
 std::string CheckScaleShape(const Shape& scale_shape, const Shape& x_shape, const NormGeometry& geometry,
-                            ScaleLayout* layout) {
+                            ScaleLayout* layout, const char* name) {
   const Shape& normalized = geometry.normalized_shape;
   bool valid = scale_shape.size() <= x_shape.size();
   bool per_element = true;
@@ -46,9 +46,10 @@ std::string CheckScaleShape(const Shape& scale_shape, const Shape& x_shape, cons
     per_element = per_element && normalized[normalized.size() - k] == 1;
   }
   if (!valid) {
-    return "scale of shape " + ShapeToString(scale_shape) + " does not broadcast onto the normalized dims " +
-           ShapeToString(normalized) + " of X " + ShapeToString(x_shape) +
-           " (each scale dim must equal the normalized dim or be 1, extra leading dims must be 1)";
+    return std::string(name) + " of shape " + ShapeToString(scale_shape) +
+           " does not broadcast onto the normalized dims " + ShapeToString(normalized) + " of X " +
+           ShapeToString(x_shape) + " (each " + name +
+           " dim must equal the normalized dim or be 1, extra leading dims must be 1)";
   }
   *layout = per_element ? ScaleLayout::kPerElement : ScaleLayout::kBroadcast;
   return "";

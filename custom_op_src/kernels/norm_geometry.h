@@ -41,9 +41,10 @@ enum class ScaleLayout {
 
 // Checks that `scale_shape` broadcasts onto the normalized dims without changing X's shape: right-aligned, every
 // scale dim equals the normalized dim or is 1, and any extra leading dims are 1 (and rank(scale) <= rank(X)).
-// Returns "" and sets `*layout`, or an error message naming both shapes.
+// Returns "" and sets `*layout`, or an error message naming both shapes. SkipRMSNorm's bias follows the same rules
+// (`name` says which input the message is about).
 std::string CheckScaleShape(const Shape& scale_shape, const Shape& x_shape, const NormGeometry& geometry,
-                            ScaleLayout* layout);
+                            ScaleLayout* layout, const char* name = "scale");
 
 // A broadcast of a valid scale over the normalized dims, reduced to at most kMaxScaleDims dims: normalized dims of
 // size 1 dropped, neighbours that both broadcast (or both don't) merged. dims/strides innermost first; stride 0 means

@@ -2,6 +2,10 @@
 // the SIMD paths (hence the same accuracy), and the compiler is free to vectorize it with the baseline ISA.
 #include "row_algorithm.h"
 
+// The lane operations are forced inline: left to itself GCC calls Fma out of line for every vector of the sum of
+// squares, its operands passed through the stack.
+#define ORT_RMSNORM_LANES_INLINE __attribute__((always_inline)) inline
+
 namespace ort_rmsnorm {
 namespace {
 
@@ -11,16 +15,16 @@ struct ScalarLanes {
     float v[kWidth];
   };
   template <typename Op>
-  static F Map(const F& a, const F& b, Op op) {
+  ORT_RMSNORM_LANES_INLINE static F Map(const F& a, const F& b, Op op) {
     F r;
     for (int i = 0; i < kWidth; ++i) r.v[i] = op(a.v[i], b.v[i]);
     return r;
   }
-  static F Zero() { return Set1(0.0f); }
-  static F Set1(float value) { return F{{value, value, value, value}}; }
-  static F Add(F a, F b) { return Map(a, b, [](float x, float y) { return x + y; }); }
-  static F Mul(F a, F b) { return Map(a, b, [](float x, float y) { return x * y; }); }
-  static F Fma(F a, F b, F c) { return Add(Mul(a, b), c); }
+  ORT_RMSNORM_LANES_INLINE static F Zero() { return Set1(0.0f); }
+  ORT_RMSNORM_LANES_INLINE static F Set1(float value) { return F{{value, value, value, value}}; }
+  ORT_RMSNORM_LANES_INLINE static F Add(F a, F b) { return Map(a, b, [](float x, float y) { return x + y; }); }
+  ORT_RMSNORM_LANES_INLINE static F Mul(F a, F b) { return Map(a, b, [](float x, float y) { return x * y; }); }
+  ORT_RMSNORM_LANES_INLINE static F Fma(F a, F b, F c) { return Add(Mul(a, b), c); }
   static float ReduceAdd(F a) { return (a.v[0] + a.v[1]) + (a.v[2] + a.v[3]); }
   template <typename T>
   static F Load(const T* p) {

@@ -18,21 +18,22 @@
 //     T* stage, T* streamed): SkipRMSNorm's h = round_T(x + skip) for kWidth values, stored to `stage` (and with a
 //     streaming store to `streamed` when kStreaming and it is not null), returned widened (see HasStageSum).
 //
-// Everything is in an anonymous namespace: see scalar_convert.h for why.
+// Everything is in an anonymous namespace (see scalar_convert.h for why), and nothing here uses a standard
+// container or algorithm, whose inline functions have external linkage: the memory a call needs beyond its tensors
+// comes from the caller, in RowBatch::scratch (staging.h).
 #pragma once
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
 #include <utility>
-#include <vector>
 
 #include "prefetch_order.h"
 #include "rmsnorm_kernels.h"
 #include "row_statistics.h"
 #include "scalar_convert.h"
+#include "staging.h"
 
 namespace ort_rmsnorm {
 namespace {
@@ -103,24 +104,26 @@ void StorePairOfVectors(T* p, typename V::F a, typename V::F b) {
   }
 }
 
-// Where the first pass leaves SkipRMSNorm's h = round_T(x + skip): `stage`, cached memory the second pass reads h
-// back from (reading it is cheaper than forming it again: two loads, an add and a rounding, which for 16-bit
-// types cost more than the rest of the pass), and, with streaming stores, `streamed`, the `sum` output written
-// around the cache (null when there is no `sum` or no streaming).
-template <class V, bool kStreaming, typename T>
+// Where the first pass leaves SkipRMSNorm's normalized row: `stage`, cached memory the second pass reads it back
+// from (reading it is cheaper than forming it again: two loads, an add and a rounding, which for 16-bit types cost
+// more than the rest of the pass), holding round_T(s) (Stage = T) or the float32 sum s itself (Stage = float, for
+// 16-bit T with normalize_float32_sum); and `sum`, the `sum` output, when that is not the stage itself (the stage
+// is in scratch, see staging.h): written with streaming stores when kStreaming, null when there is no `sum`.
+template <class V, bool kStreaming, typename T, typename Stage>
 struct HSink {
-  T* stage;
-  T* streamed;
+  static constexpr bool kSeparateSum = kStreaming || !std::is_same_v<Stage, T>;
+  Stage* stage;
+  T* sum;
 
   void Store(int64_t i, typename V::F v) const {
     V::Store(stage + i, v);
-    if constexpr (kStreaming) {
-      if (streamed) V::StoreStreaming(streamed + i, v);
+    if constexpr (kSeparateSum) {
+      if (sum) StoreVector<V, kStreaming>(sum + i, v);
     }
   }
   void StorePartial(int64_t i, typename V::F v, int64_t m) const {
     ort_rmsnorm::StorePartial<V>(stage + i, v, m);
-    if (kStreaming && streamed) ort_rmsnorm::StorePartial<V>(streamed + i, v, m);
+    if (kSeparateSum && sum) ort_rmsnorm::StorePartial<V>(sum + i, v, m);
   }
 };
 
@@ -133,30 +136,43 @@ struct HasStageSum<V, T,
                        std::declval<const T*>(), std::declval<const T*>(), std::declval<T*>(), std::declval<T*>())))>
     : std::true_type {};
 
-// SkipRMSNorm's first-pass row: h = round_T(x + skip), staged to `h` as it is formed. The sum is handed unrounded
-// to both the store (which rounds) and Round, so the compiler computes the rounding once for the two.
-template <class V, bool kStreaming, typename T>
+// SkipRMSNorm's first-pass row: s = (x + skip) + bias in float32 (the bias term when kBias), staged to `h` as it
+// is formed; returns the normalized values, round_T(s) or s (Stage = float). The sum is handed unrounded to both
+// the store (which rounds) and Round, so the compiler computes the rounding once for the two.
+template <class V, bool kStreaming, typename T, typename Stage, bool kBias>
 struct SkipSumRow {
   const T* x;
   const T* skip;
-  HSink<V, kStreaming, T> h;
+  const float* bias;  // one row for all: it stays in cache, so it is not prefetched
+  HSink<V, kStreaming, T, Stage> h;
   void Prefetch(int64_t i) const {
     PrefetchToL2(x + i);
     PrefetchToL2(skip + i);
   }
   typename V::F Load(int64_t i) const {
-    if constexpr (HasStageSum<V, T>::value) {
-      return V::template StageSum<kStreaming>(x + i, skip + i, h.stage + i, h.streamed ? h.streamed + i : nullptr);
+    // StageSum adds x + skip in T, which rounds to the same bits as the float32 sum: only for round_T(x + skip).
+    if constexpr (HasStageSum<V, T>::value && std::is_same_v<Stage, T> && !kBias) {
+      return V::template StageSum<kStreaming>(x + i, skip + i, h.stage + i, h.sum ? h.sum + i : nullptr);
     }
-    const typename V::F sum = V::Add(V::Load(x + i), V::Load(skip + i));
+    typename V::F sum = V::Add(V::Load(x + i), V::Load(skip + i));
+    if constexpr (kBias) sum = V::Add(sum, V::Load(bias + i));
     h.Store(i, sum);
-    return V::template Round<T>(sum);
+    return Normalized(sum);
   }
   typename V::F LoadPartial(int64_t i, int64_t m) const {
-    const typename V::F sum =
-        V::Add(ort_rmsnorm::LoadPartial<V>(x + i, m), ort_rmsnorm::LoadPartial<V>(skip + i, m));
+    typename V::F sum = V::Add(ort_rmsnorm::LoadPartial<V>(x + i, m), ort_rmsnorm::LoadPartial<V>(skip + i, m));
+    if constexpr (kBias) sum = V::Add(sum, ort_rmsnorm::LoadPartial<V>(bias + i, m));
     h.StorePartial(i, sum, m);
-    return V::template Round<T>(sum);
+    return Normalized(sum);
+  }
+
+ private:
+  static typename V::F Normalized(typename V::F sum) {
+    if constexpr (std::is_same_v<Stage, T>) {
+      return V::template Round<T>(sum);
+    } else {
+      return sum;
+    }
   }
 };
 
@@ -240,7 +256,7 @@ struct RowScaler {
   Row row;
   T* y;
   F factor;
-  const float* scale;  // never nullptr here: see NormalizeRows
+  const float* scale;  // never nullptr (RowBatch::scale)
   NextRow next;
   PrefetchOrder order;  // in which order next's steps are prefetched: Order(n)
 
@@ -286,23 +302,6 @@ void NormalizeRowInDouble(const Row row, T* y, int64_t n, const float* scale, fl
   }
 }
 
-// A per-thread row of n elements, reused across calls.
-template <typename T>
-T* ScratchRow(int64_t n) {
-  thread_local std::vector<T> row;
-  if (row.size() < static_cast<size_t>(n)) row.resize(static_cast<size_t>(n));
-  return row.data();
-}
-
-// A per-thread row of n ones: the scale of calls without one. Multiplying by 1 is exact, and one loop without a
-// branch on the scale keeps the portable code vectorized (a branch per vector or per step made it 7-90% slower;
-// the ones cost calls without a scale 9-15% with rows in L1/L2, nothing measurable with rows in memory).
-const float* OnesRow(int64_t n) {
-  thread_local std::vector<float> ones;
-  if (ones.size() < static_cast<size_t>(n)) ones.assign(static_cast<size_t>(n), 1.0f);
-  return ones.data();
-}
-
 // Rows [begin, end): row r's statistic from `stat(r)`, its output from `out(r)` (a StatRow and an OutRow). Row r is
 // scaled, then row r + 1 summed; `pipeline` does both in one loop (row r scaled in the steps of row r + 1's sum of
 // squares) so that row r + 1's loads, from outside the core's caches, overlap row r's arithmetic. The sums and
@@ -321,7 +320,8 @@ void NormalizeRowRange(const RowBatch<T>& batch, int64_t begin, int64_t end, boo
     const bool pipelined = pipeline && r + 1 < end;
     // Prefetched while row r is scaled: the row summed next (r + 1, or r + 2 when r + 1 is summed alongside); the
     // last row of a task prefetches itself, which keeps the loop free of branches.
-    const auto next = stat(std::min(r + (pipelined ? 2 : 1), end - 1));
+    const int64_t next_row = r + (pipelined ? 2 : 1);
+    const auto next = stat(next_row < end ? next_row : end - 1);
     T* const y = batch.y + r * n;
     const auto row = out(r);
     if (!FastPathIsAccurate(sum_squares, batch.epsilon)) {
@@ -343,6 +343,42 @@ void NormalizeRowRange(const RowBatch<T>& batch, int64_t begin, int64_t end, boo
   }
 }
 
+// SkipRMSNorm's rows [begin, end): round_T(s) staged in `sum`, else in `y` (its second pass overwrites it in place),
+// or in the caller's scratch (StagesInScratch), where the float32 sum is staged too. Every staging target is written
+// at index i only after x[i] and skip[i] were read, so any aliasing onnxruntime chooses (Y over X, sum over skip) is
+// safe.
+template <class V, bool kStreaming, typename Stage, bool kBias, typename T>
+void NormalizeSkipRowsStaged(const RowBatch<T>& batch, int64_t begin, int64_t end, bool pipeline) {
+  const int64_t n = batch.cols;
+  constexpr bool kInScratch = HSink<V, kStreaming, T, Stage>::kSeparateSum;  // StagesInScratch(batch)
+  unsigned char* const scratch = static_cast<unsigned char*>(batch.scratch);
+  const int64_t staged_row_bytes = StagedRowBytes(batch);
+  const auto stage = [&](int64_t r) -> Stage* {
+    if constexpr (kInScratch) {
+      return reinterpret_cast<Stage*>(scratch + (pipeline ? (r & 1) : 0) * staged_row_bytes);
+    } else {
+      return (batch.sum ? batch.sum : batch.y) + r * n;
+    }
+  };
+  const auto stat = [&](int64_t r) {
+    T* const sum = kInScratch && batch.sum ? batch.sum + r * n : nullptr;
+    return SkipSumRow<V, kStreaming, T, Stage, kBias>{batch.x + r * n, batch.skip + r * n, batch.bias, {stage(r), sum}};
+  };
+  const auto out = [&](int64_t r) { return InputRow<V, Stage>{stage(r)}; };
+  NormalizeRowRange<V, kStreaming>(batch, begin, end, pipeline, stat, out);
+}
+
+template <class V, bool kStreaming, bool kBias, typename T>
+void NormalizeSkipRows(const RowBatch<T>& batch, int64_t begin, int64_t end, bool pipeline) {
+  if constexpr (sizeof(T) < sizeof(float)) {
+    if (NormalizesFloat32Sum(batch)) {
+      NormalizeSkipRowsStaged<V, kStreaming, float, kBias>(batch, begin, end, pipeline);
+      return;
+    }
+  }
+  NormalizeSkipRowsStaged<V, kStreaming, T, kBias>(batch, begin, end, pipeline);
+}
+
 template <class V, bool kStreaming, typename T>
 void NormalizeRowsWith(const RowBatch<T>& batch, int64_t begin, int64_t end) {
   const int64_t n = batch.cols;
@@ -356,35 +392,22 @@ void NormalizeRowsWith(const RowBatch<T>& batch, int64_t begin, int64_t end) {
   if (!batch.skip) {
     const auto row = [&](int64_t r) { return InputRow<V, T>{batch.x + r * n}; };
     NormalizeRowRange<V, kStreaming>(batch, begin, end, pipeline, row, row);
+  } else if (batch.bias) {
+    NormalizeSkipRows<V, kStreaming, true>(batch, begin, end, pipeline);
   } else {
-    // SkipRMSNorm stages h in `sum`, else in `y` (its second pass overwrites it in place); with streaming stores
-    // neither stays in cache, so in a per-thread scratch row (two when pipelined: row r's h is read while row
-    // r + 1's is formed). Every staging target is written at index i only after x[i] and skip[i] were read, so
-    // any aliasing onnxruntime chooses (Y over X, sum over skip) is safe.
-    T* const scratch = kStreaming ? ScratchRow<T>(pipeline ? 2 * n : n) : nullptr;
-    const auto stage = [&](int64_t r) {
-      if (kStreaming) return scratch + (pipeline ? (r & 1) * n : 0);
-      return (batch.sum ? batch.sum : batch.y) + r * n;
-    };
-    const auto stat = [&](int64_t r) {
-      T* const sum = kStreaming && batch.sum ? batch.sum + r * n : nullptr;
-      return SkipSumRow<V, kStreaming, T>{batch.x + r * n, batch.skip + r * n, {stage(r), sum}};
-    };
-    const auto out = [&](int64_t r) { return InputRow<V, T>{stage(r)}; };
-    NormalizeRowRange<V, kStreaming>(batch, begin, end, pipeline, stat, out);
+    NormalizeSkipRows<V, kStreaming, false>(batch, begin, end, pipeline);
   }
   if constexpr (kStreaming) V::StreamingFence();  // make the weakly ordered stores visible before the task ends
 }
 
 template <class V, typename T>
-void NormalizeRows(const RowBatch<T>& batch, int64_t begin, int64_t end) {
-  if (batch.cols == 0 || begin >= end) return;
-  RowBatch<T> scaled = batch;
-  if (!scaled.scale) scaled.scale = OnesRow(batch.cols);
+void NormalizeRows(const RowBatch<T>& caller_batch, int64_t begin, int64_t end) {
+  if (caller_batch.cols == 0 || begin >= end) return;
+  const RowBatch<T> batch = caller_batch;  // a local copy: no store through y or sum can change its fields
   if (batch.streaming_stores) {
-    NormalizeRowsWith<V, true>(scaled, begin, end);
+    NormalizeRowsWith<V, true>(batch, begin, end);
   } else {
-    NormalizeRowsWith<V, false>(scaled, begin, end);
+    NormalizeRowsWith<V, false>(batch, begin, end);
   }
 }
 

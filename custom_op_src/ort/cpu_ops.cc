@@ -6,11 +6,10 @@
 
 #include "execution_providers.h"
 #include "norm_op.h"
+#include "thread_scratch.h"
 
 namespace ort_rmsnorm {
 namespace {
-
-const CpuKernels* g_cpu_kernels = nullptr;  // set once, before any kernel is created
 
 // Inputs moving less than this (read + written) run inline on the calling thread: they fit in L2, and waking the
 // pool would cost more than it saves. Larger ones are cut into tasks of RowsPerTask rows, claimed dynamically.
@@ -46,41 +45,42 @@ void ParallelRows(const Ort::KernelContext& context, int64_t rows, int64_t bytes
       static_cast<size_t>(tasks), 0, &job);
 }
 
-// Reusable per-thread float32 buffers for scales that must be converted or broadcast per call: no heap
-// allocation once a thread has seen the largest row.
-float* ThreadBuffer(int slot, size_t count) {
-  thread_local std::vector<float> buffers[2];
-  std::vector<float>& buffer = buffers[slot];
-  if (buffer.size() < count) buffer.resize(count);
-  return buffer.data();
-}
-
-// A constant scale converted to float32 with its own shape; when X's normalized dims are static and the scale
-// needs broadcasting, also expanded once per element for them (else broadcast per call: X's shape can be dynamic).
-struct HostScale {
+// A constant per-column input (the scale, or SkipRMSNorm's bias) converted to float32 with its own shape; when X's
+// normalized dims are static and it needs broadcasting, also expanded once per element for them (else broadcast per
+// call: X's shape can be dynamic).
+struct HostColumns {
   Shape shape;
   std::vector<float> values;
   std::vector<float> expanded;
   Shape expanded_for;  // the normalized shape `expanded` was made for
 };
 
-// `count` scale values as float32 (exact): 16-bit ones widened by the dispatched vector kernels.
-template <typename S>
-void ScaleToFloat32(const S* data, size_t count, float* out) {
-  if constexpr (std::is_same_v<S, float>) {
+// `count` values as float32 (exact): 16-bit ones widened by the dispatched vector kernels.
+template <typename E>
+void ToFloat32(const CpuKernels& kernels, const E* data, size_t count, float* out) {
+  if constexpr (std::is_same_v<E, float>) {
     std::copy(data, data + count, out);
   } else {
-    g_cpu_kernels->widen<S>()(data, out, static_cast<int64_t>(count));
+    kernels.widen<E>()(data, out, static_cast<int64_t>(count));
   }
 }
 
-template <typename S>
-HostScale ToHostScale(const Ort::ConstValue& scale) {
-  HostScale host{ShapeOf(scale), {}, {}, {}};
-  host.values.resize(scale.GetTensorTypeAndShapeInfo().GetElementCount());
-  ScaleToFloat32(static_cast<const S*>(scale.GetTensorRawData()), host.values.size(), host.values.data());
+template <typename E>
+HostColumns ToHostColumns(const CpuKernels& kernels, const Ort::ConstValue& tensor) {
+  HostColumns host{ShapeOf(tensor), {}, {}, {}};
+  host.values.resize(tensor.GetTensorTypeAndShapeInfo().GetElementCount());
+  ToFloat32(kernels, static_cast<const E*>(tensor.GetTensorRawData()), host.values.size(), host.values.data());
   return host;
 }
+
+// A per-column input of the op: its input index, its name in errors, its element type E, and the first of the two
+// per-thread buffers (ThreadFloats) it is converted and broadcast in per call.
+template <typename E>
+struct ColumnInput {
+  size_t index;
+  const char* name;
+  int first_slot;
+};
 
 template <NormKind K, typename T, typename S>
 class CpuNormKernel {
@@ -88,24 +88,14 @@ class CpuNormKernel {
 
  public:
   static constexpr const char* kExecutionProvider = "CPUExecutionProvider";
+  // The kernels of the instruction set RegisterCustomOps chose for this process.
+  using Provider = const CpuKernels*;
 
-  explicit CpuNormKernel(const Ort::ConstKernelInfo& info)
-      : attributes_(info, Sig::kName), rows_(g_cpu_kernels->get<T>()) {
-    if (info.GetInputCount() > Sig::kScale) {
-      int is_constant = 0;
-      const Ort::ConstValue scale = info.GetTensorConstantInput(Sig::kScale, &is_constant);
-      if (is_constant) constant_scale_ = ToHostScale<S>(scale);
-    }
+  CpuNormKernel(const Ort::ConstKernelInfo& info, const CpuKernels* kernels)
+      : attributes_(info, Sig::kName, Sig::kSkip), kernels_(*kernels), rows_(kernels->get<T>()) {
     const std::optional<StaticInput> x = attributes_.CheckStaticInput(info);
-    if (x && constant_scale_ && x->normalized_dims_known &&
-        attributes_.ScaleLayoutFor(constant_scale_->shape, x->x_shape, x->geometry) == ScaleLayout::kBroadcast) {
-      const NormGeometry& geometry = x->geometry;
-      const int64_t cols = ElementCount(geometry.normalized_shape);
-      constant_scale_->expanded.resize(static_cast<size_t>(cols));
-      ExpandScale(constant_scale_->values.data(), attributes_.BroadcastFor(constant_scale_->shape, geometry), cols,
-                  constant_scale_->expanded.data());
-      constant_scale_->expanded_for = geometry.normalized_shape;
-    }
+    constant_scale_ = PrepareConstant(info, kScale, x);
+    if constexpr (Sig::kSkip) constant_bias_ = PrepareConstant(info, kBias, x);
   }
 
   OrtStatusPtr ComputeV2(OrtKernelContext* raw_context) {
@@ -113,38 +103,65 @@ class CpuNormKernel {
   }
 
  private:
-  // `count` float32 values of `scale` (of `scale_shape`) laid out over a row: used in place when already per
-  // element, else broadcast into a per-thread buffer.
-  const float* LayOutScale(const float* scale, const Shape& scale_shape, const Shape& x_shape,
-                           const NormGeometry& geometry, int slot) const {
-    if (attributes_.ScaleLayoutFor(scale_shape, x_shape, geometry) == ScaleLayout::kPerElement) return scale;
-    float* expanded = ThreadBuffer(slot, static_cast<size_t>(geometry.cols));
-    ExpandScale(scale, attributes_.BroadcastFor(scale_shape, geometry), geometry.cols, expanded);
+  static constexpr ColumnInput<S> kScale{Sig::kScale, "scale", 0};
+  static constexpr ColumnInput<T> kBias{Sig::kBias, "bias", 2};
+
+  // `input` converted to float32 when it is a constant initializer; problems of its shape visible in the model's
+  // static shapes are reported here, and a broadcast over static normalized dims is expanded here, once.
+  template <typename E>
+  std::optional<HostColumns> PrepareConstant(const Ort::ConstKernelInfo& info, const ColumnInput<E>& input,
+                                             const std::optional<StaticInput>& x) const {
+    if (info.GetInputCount() <= input.index) return std::nullopt;
+    int is_constant = 0;
+    const Ort::ConstValue tensor = info.GetTensorConstantInput(input.index, &is_constant);
+    if (!is_constant) return std::nullopt;
+    HostColumns host = ToHostColumns<E>(kernels_, tensor);
+    if (!x || !x->normalized_dims_known) return host;
+    const NormGeometry& geometry = x->geometry;
+    if (attributes_.ScaleLayoutFor(host.shape, x->x_shape, geometry, input.name) == ScaleLayout::kBroadcast) {
+      const int64_t cols = ElementCount(geometry.normalized_shape);
+      host.expanded.resize(static_cast<size_t>(cols));
+      ExpandScale(host.values.data(), attributes_.BroadcastFor(host.shape, geometry, input.name), cols,
+                  host.expanded.data());
+      host.expanded_for = geometry.normalized_shape;
+    }
+    return host;
+  }
+
+  // `cols` float32 values of `values` (of `shape`) laid out over a row: used in place when already per element,
+  // else broadcast into a per-thread buffer.
+  const float* LayOut(const float* values, const Shape& shape, const NormCall& call, const char* name,
+                      int slot) const {
+    const NormGeometry& geometry = call.geometry;
+    if (attributes_.ScaleLayoutFor(shape, call.x_shape, geometry, name) == ScaleLayout::kPerElement) return values;
+    float* expanded = ThreadFloats(slot, static_cast<size_t>(geometry.cols));
+    ExpandScale(values, attributes_.BroadcastFor(shape, geometry, name), geometry.cols, expanded);
     return expanded;
   }
 
-  // The scale as `cols` float32 values in row order, or nullptr when the node has none.
-  const float* ScaleForCall(const Ort::KernelContext& context, const Shape& x_shape,
-                            const NormGeometry& geometry) const {
-    if (constant_scale_) {
-      if (constant_scale_->expanded_for == geometry.normalized_shape && !constant_scale_->expanded.empty()) {
-        attributes_.ScaleLayoutFor(constant_scale_->shape, x_shape, geometry);  // the contract's checks, as always
-        return constant_scale_->expanded.data();
+  // The input as `cols` float32 values in row order, or nullptr when the node has none.
+  template <typename E>
+  const float* ColumnsForCall(const Ort::KernelContext& context, const NormCall& call, const ColumnInput<E>& input,
+                              const std::optional<HostColumns>& constant) const {
+    if (constant) {
+      if (constant->expanded_for == call.geometry.normalized_shape && !constant->expanded.empty()) {
+        attributes_.ScaleLayoutFor(constant->shape, call.x_shape, call.geometry, input.name);  // the checks, always
+        return constant->expanded.data();
       }
-      return LayOutScale(constant_scale_->values.data(), constant_scale_->shape, x_shape, geometry, 0);
+      return LayOut(constant->values.data(), constant->shape, call, input.name, input.first_slot);
     }
-    if (context.GetInputCount() <= Sig::kScale) return nullptr;
-    const Ort::ConstValue scale = context.GetInput(Sig::kScale);
-    if (!scale) return nullptr;
-    const Shape scale_shape = ShapeOf(scale);
-    const S* data = static_cast<const S*>(scale.GetTensorRawData());
-    if constexpr (std::is_same_v<S, float>) {
-      return LayOutScale(data, scale_shape, x_shape, geometry, 0);
+    if (context.GetInputCount() <= input.index) return nullptr;
+    const Ort::ConstValue tensor = context.GetInput(input.index);
+    if (!tensor) return nullptr;
+    const Shape shape = ShapeOf(tensor);
+    const E* data = static_cast<const E*>(tensor.GetTensorRawData());
+    if constexpr (std::is_same_v<E, float>) {
+      return LayOut(data, shape, call, input.name, input.first_slot);
     } else {
-      const size_t count = scale.GetTensorTypeAndShapeInfo().GetElementCount();
-      float* converted = ThreadBuffer(0, count);
-      ScaleToFloat32(data, count, converted);
-      return LayOutScale(converted, scale_shape, x_shape, geometry, 1);
+      const size_t count = tensor.GetTensorTypeAndShapeInfo().GetElementCount();
+      float* converted = ThreadFloats(input.first_slot, count);
+      ToFloat32(kernels_, data, count, converted);
+      return LayOut(converted, shape, call, input.name, input.first_slot + 1);
     }
   }
 
@@ -159,26 +176,35 @@ class CpuNormKernel {
     batch.cols = geometry.cols;
     batch.epsilon = attributes_.epsilon;
     batch.eps_outside_sqrt = attributes_.eps_outside_sqrt;
-    batch.scale = ScaleForCall(context, call.x_shape, geometry);
+    batch.normalize_float32_sum = attributes_.normalize_float32_sum;
+    batch.scale = ColumnsForCall(context, call, kScale, constant_scale_);  // nullptr: see ThreadOnes
+    if constexpr (Sig::kSkip) batch.bias = ColumnsForCall(context, call, kBias, constant_bias_);
     const int64_t tensors_moved = 2 + (batch.skip ? 1 : 0) + (batch.sum ? 1 : 0);  // X, Y; skip, sum
     if (geometry.rows == 0 || geometry.cols == 0) return;
+    if (!batch.scale) batch.scale = ThreadOnes(static_cast<size_t>(geometry.cols));  // read by every task's thread
     const int64_t row_bytes = geometry.cols * static_cast<int64_t>(sizeof(T));
     batch.streaming_stores = geometry.rows * row_bytes * (batch.sum ? 2 : 1) >= kStreamingOutputBytes &&
                              row_bytes % 64 == 0 && LineAligned(batch.y) && (!batch.sum || LineAligned(batch.sum));
+    const auto scratch_bytes = static_cast<size_t>(ScratchBytes(batch));
     ParallelRows(context, geometry.rows, row_bytes * tensors_moved, batch.streaming_stores,
-                 [&](int64_t begin, int64_t end) { rows_(batch, begin, end); });
+                 [&](int64_t begin, int64_t end) {
+                   RowBatch<T> task = batch;
+                   task.scratch = ThreadScratch(scratch_bytes);  // of the thread running this task
+                   rows_(task, begin, end);
+                 });
   }
 
   NormAttributes attributes_;
+  const CpuKernels& kernels_;
   RowsFn<T> rows_;
-  std::optional<HostScale> constant_scale_;  // converted to float32 once, at kernel creation
+  std::optional<HostColumns> constant_scale_;  // converted to float32 once, at kernel creation
+  std::optional<HostColumns> constant_bias_;   // SkipRMSNorm
 };
 
 }  // namespace
 
 void AppendCpuOps(const CpuKernels& kernels, std::vector<const OrtCustomOp*>& ops) {
-  g_cpu_kernels = &kernels;
-  AppendNormOps<CpuNormKernel>(ops);
+  AppendNormOps<CpuNormKernel>(&kernels, ops);
 }
 
 }  // namespace ort_rmsnorm

@@ -93,14 +93,18 @@ class DeviceGuard {
   bool set_ = false;
 };
 
+// The CUDA kernels share no state: what they need of the device is read by each kernel at its creation.
+struct CudaProvider {};
+
 template <NormKind K, typename T, typename S>
 class CudaNormKernel {
   using Sig = NormSignature<K>;
 
  public:
   static constexpr const char* kExecutionProvider = "CUDAExecutionProvider";
+  using Provider = CudaProvider;
 
-  explicit CudaNormKernel(const Ort::ConstKernelInfo& info) : attributes_(info, Sig::kName) {
+  CudaNormKernel(const Ort::ConstKernelInfo& info, const Provider&) : attributes_(info, Sig::kName, Sig::kSkip) {
     OrtAllocator* allocator = nullptr;
     Ort::ThrowOnError(Ort::GetApi().KernelInfoGetAllocator(info, OrtMemTypeDefault, &allocator));
     allocator_.reset(allocator);
@@ -108,12 +112,13 @@ class CudaNormKernel {
     CheckCuda(cuda::QueryDeviceInfo(device, &device_), attributes_,
               "reading the properties of CUDA device " + std::to_string(device));
     DeviceGuard guard(device);
-    if (info.GetInputCount() > Sig::kScale) {
-      int is_constant = 0;
-      const Ort::ConstValue scale = info.GetTensorConstantInput(Sig::kScale, &is_constant);
-      if (is_constant) CopyConstantScale(scale);
+    const std::optional<StaticInput> x = attributes_.CheckStaticInput(info);
+    constant_scale_ = CopyConstant<S>(info, Sig::kScale, "scale");
+    PrepareForStaticShape(x, constant_scale_, kCudaType<S>, "scale", /*to_float32=*/false);
+    if constexpr (Sig::kSkip) {
+      constant_bias_ = CopyConstant<T>(info, Sig::kBias, "bias");
+      PrepareForStaticShape(x, constant_bias_, kCudaType<T>, "bias", /*to_float32=*/true);
     }
-    PrepareForStaticShape(info);
   }
 
   OrtStatusPtr ComputeV2(OrtKernelContext* raw_context) {
@@ -121,86 +126,121 @@ class CudaNormKernel {
   }
 
  private:
-  // A constant scale, copied to the kernel's own device memory in its type S; when X's normalized dims are static
-  // and the scale needs broadcasting, also expanded once to float32 per element.
-  struct ConstantScale {
+  // A constant per-column input (the scale, or SkipRMSNorm's bias), copied to the kernel's own device memory in its
+  // own type; when X's normalized dims are static and the kernels cannot read it as it is, also expanded once to
+  // float32 per element.
+  struct ConstantColumns {
     Shape shape;
     std::unique_ptr<DeviceBuffer> values;
     std::unique_ptr<DeviceBuffer> expanded;
     Shape expanded_for;  // the normalized shape `expanded` was made for
   };
 
-  void CopyConstantScale(const Ort::ConstValue& scale) {
-    ConstantScale copy;
-    copy.shape = ShapeOf(scale);
-    const size_t bytes = static_cast<size_t>(ElementCount(copy.shape)) * sizeof(S);
+  // A per-column input as the kernels receive it: its data (device memory) and shape, from the constant copy or
+  // the call's input; data is nullptr when the node has none.
+  struct Columns {
+    const void* data = nullptr;
+    Shape shape;
+  };
+
+  template <typename E>
+  std::optional<ConstantColumns> CopyConstant(const Ort::ConstKernelInfo& info, size_t index, const char* name) {
+    if (info.GetInputCount() <= index) return std::nullopt;
+    int is_constant = 0;
+    const Ort::ConstValue tensor = info.GetTensorConstantInput(index, &is_constant);
+    if (!is_constant) return std::nullopt;
+    ConstantColumns copy;
+    copy.shape = ShapeOf(tensor);
+    const size_t bytes = static_cast<size_t>(ElementCount(copy.shape)) * sizeof(E);
     copy.values = std::make_unique<DeviceBuffer>(allocator_.get(), std::max<size_t>(bytes, 1));
-    const bool on_device = scale.GetTensorMemoryInfo().GetDeviceType() == OrtMemoryInfoDeviceType_GPU;
-    CheckCuda(cudaMemcpy(copy.values->data(), scale.GetTensorRawData(), bytes,
+    const bool on_device = tensor.GetTensorMemoryInfo().GetDeviceType() == OrtMemoryInfoDeviceType_GPU;
+    CheckCuda(cudaMemcpy(copy.values->data(), tensor.GetTensorRawData(), bytes,
                          on_device ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice),
-              attributes_, "copying the constant scale to the device");
-    constant_scale_ = std::move(copy);
+              attributes_, std::string("copying the constant ") + name + " to the device");
+    return copy;
   }
 
-  // Scales that broadcast other than as one value are read per element by the kernel.
-  static bool NeedsExpansion(ScaleLayout layout, const Shape& scale_shape) {
-    return layout == ScaleLayout::kBroadcast && ElementCount(scale_shape) != 1;
+  // Whether the kernels need a per-column input expanded to float32 per element: a scale that broadcasts other than
+  // as one value (they read a scale per element or as one value, in S or float32); a bias unless it is float32 per
+  // element already (they read the bias as float32 per element).
+  static bool NeedsExpansion(ScaleLayout layout, const Shape& shape, cuda::ElementType type, bool to_float32) {
+    if (to_float32) return layout != ScaleLayout::kPerElement || type != cuda::ElementType::kFloat32;
+    return layout == ScaleLayout::kBroadcast && ElementCount(shape) != 1;
   }
 
-  // Problems visible in the model's static shapes are reported at session creation; a constant scale that needs
-  // broadcasting over static normalized dims is expanded here, once.
-  void PrepareForStaticShape(const Ort::ConstKernelInfo& info) {
-    const std::optional<StaticInput> x = attributes_.CheckStaticInput(info);
-    if (!x || !constant_scale_ || !x->normalized_dims_known) return;
-    const ScaleLayout layout = attributes_.ScaleLayoutFor(constant_scale_->shape, x->x_shape, x->geometry);
-    if (!NeedsExpansion(layout, constant_scale_->shape)) return;
+  // Problems visible in the model's static shapes are reported at session creation; a constant that needs
+  // expanding over static normalized dims is expanded here, once.
+  void PrepareForStaticShape(const std::optional<StaticInput>& x, std::optional<ConstantColumns>& constant,
+                             cuda::ElementType type, const char* name, bool to_float32) {
+    if (!x || !constant || !x->normalized_dims_known) return;
+    const ScaleLayout layout = attributes_.ScaleLayoutFor(constant->shape, x->x_shape, x->geometry, name);
+    if (!NeedsExpansion(layout, constant->shape, type, to_float32)) return;
     const int64_t cols = ElementCount(x->geometry.normalized_shape);
     if (cols == 0) return;
     auto expanded = std::make_unique<DeviceBuffer>(allocator_.get(), static_cast<size_t>(cols) * sizeof(float));
-    CheckCuda(cuda::LaunchExpandScale(constant_scale_->values->data(), kCudaType<S>,
-                                      attributes_.BroadcastFor(constant_scale_->shape, x->geometry), cols,
+    const std::string what = std::string("expanding the constant ") + name;
+    CheckCuda(cuda::LaunchExpandScale(constant->values->data(), type,
+                                      attributes_.BroadcastFor(constant->shape, x->geometry, name), cols,
                                       static_cast<float*>(expanded->data()), nullptr),
-              attributes_, "expanding the constant scale");
-    CheckCuda(cudaStreamSynchronize(nullptr), attributes_, "expanding the constant scale");
-    constant_scale_->expanded = std::move(expanded);
-    constant_scale_->expanded_for = x->geometry.normalized_shape;
+              attributes_, what);
+    CheckCuda(cudaStreamSynchronize(nullptr), attributes_, what);
+    constant->expanded = std::move(expanded);
+    constant->expanded_for = x->geometry.normalized_shape;
+  }
+
+  static Columns ColumnsOf(const Ort::KernelContext& context, size_t index,
+                           const std::optional<ConstantColumns>& constant) {
+    if (constant) return {constant->values->data(), constant->shape};
+    if (context.GetInputCount() <= index) return {};
+    const Ort::ConstValue tensor = context.GetInput(index);
+    if (!tensor) return {};
+    return {tensor.GetTensorRawData(), ShapeOf(tensor)};
+  }
+
+  // `columns` expanded to float32 per element: the constant's expansion when it was made for these normalized dims,
+  // else into `scratch` on `stream`.
+  const float* Expanded(const Ort::KernelContext& context, const NormCall& call, const Columns& columns,
+                        const std::optional<ConstantColumns>& constant, cuda::ElementType type, const char* name,
+                        cudaStream_t stream, ScratchBuffer& scratch) const {
+    const NormGeometry& geometry = call.geometry;
+    if (constant && constant->expanded && constant->expanded_for == geometry.normalized_shape) {
+      return static_cast<const float*>(constant->expanded->data());
+    }
+    float* expanded = static_cast<float*>(
+        scratch.Get(context, call.x.GetTensorMemoryInfo(), static_cast<size_t>(geometry.cols) * sizeof(float)));
+    CheckCuda(cuda::LaunchExpandScale(columns.data, type, attributes_.BroadcastFor(columns.shape, geometry, name),
+                                      geometry.cols, expanded, stream),
+              attributes_, std::string("launching the ") + name + " expansion");
+    return expanded;
   }
 
   // Points `args` at the scale as the kernel reads it: none, per element, one value, or expanded per element into
   // `scratch` on `stream` (float32).
   void SetScale(const Ort::KernelContext& context, const NormCall& call, cudaStream_t stream, ScratchBuffer& scratch,
                 cuda::NormArgs& args) const {
-    const NormGeometry& geometry = call.geometry;
-    const void* data = nullptr;
-    Shape shape;
-    if (constant_scale_) {
-      data = constant_scale_->values->data();
-      shape = constant_scale_->shape;
-    } else {
-      if (context.GetInputCount() <= Sig::kScale) return;
-      const Ort::ConstValue scale = context.GetInput(Sig::kScale);
-      if (!scale) return;
-      data = scale.GetTensorRawData();
-      shape = ShapeOf(scale);
-    }
-    const ScaleLayout layout = attributes_.ScaleLayoutFor(shape, call.x_shape, geometry);
-    args.scale = data;
+    const Columns scale = ColumnsOf(context, Sig::kScale, constant_scale_);
+    if (!scale.data) return;
+    const ScaleLayout layout = attributes_.ScaleLayoutFor(scale.shape, call.x_shape, call.geometry);
+    args.scale = scale.data;
     args.scale_type = kCudaType<S>;
     args.scale_per_element = layout == ScaleLayout::kPerElement;
-    if (!NeedsExpansion(layout, shape)) return;
-
+    if (!NeedsExpansion(layout, scale.shape, kCudaType<S>, false)) return;
     args.scale_type = cuda::ElementType::kFloat32;
     args.scale_per_element = true;
-    if (constant_scale_ && constant_scale_->expanded && constant_scale_->expanded_for == geometry.normalized_shape) {
-      args.scale = constant_scale_->expanded->data();
+    args.scale = Expanded(context, call, scale, constant_scale_, kCudaType<S>, "scale", stream, scratch);
+  }
+
+  // Points `args` at SkipRMSNorm's bias as float32 per element (none when the node has none).
+  void SetBias(const Ort::KernelContext& context, const NormCall& call, cudaStream_t stream, ScratchBuffer& scratch,
+               cuda::NormArgs& args) const {
+    const Columns bias = ColumnsOf(context, Sig::kBias, constant_bias_);
+    if (!bias.data) return;
+    const ScaleLayout layout = attributes_.ScaleLayoutFor(bias.shape, call.x_shape, call.geometry, "bias");
+    if (!NeedsExpansion(layout, bias.shape, kCudaType<T>, true)) {
+      args.bias = static_cast<const float*>(bias.data);
       return;
     }
-    float* expanded = static_cast<float*>(
-        scratch.Get(context, call.x.GetTensorMemoryInfo(), static_cast<size_t>(geometry.cols) * sizeof(float)));
-    CheckCuda(cuda::LaunchExpandScale(data, kCudaType<S>, attributes_.BroadcastFor(shape, geometry), geometry.cols,
-                                      expanded, stream),
-              attributes_, "launching the scale expansion");
-    args.scale = expanded;
+    args.bias = Expanded(context, call, bias, constant_bias_, kCudaType<T>, "bias", stream, scratch);
   }
 
   void Compute(const Ort::KernelContext& context) const {
@@ -215,25 +255,28 @@ class CudaNormKernel {
     args.cols = call.geometry.cols;
     args.epsilon = attributes_.epsilon;
     args.eps_outside_sqrt = attributes_.eps_outside_sqrt;
+    args.normalize_float32_sum = attributes_.normalize_float32_sum;
     if (args.rows == 0 || args.cols == 0) return;
 
     const auto stream = static_cast<cudaStream_t>(context.GetGPUComputeStream());
-    ScratchBuffer scratch;
-    SetScale(context, call, stream, scratch, args);
+    ScratchBuffer scale_scratch, bias_scratch;
+    SetScale(context, call, stream, scale_scratch, args);
+    if constexpr (Sig::kSkip) SetBias(context, call, stream, bias_scratch, args);
     CheckCuda(cuda::LaunchRmsNorm(args, device_, stream), attributes_, "launching the CUDA kernel");
   }
 
   NormAttributes attributes_;
   AllocatorPtr allocator_;  // declared before the buffers it frees
   cuda::DeviceInfo device_;
-  std::optional<ConstantScale> constant_scale_;
+  std::optional<ConstantColumns> constant_scale_;
+  std::optional<ConstantColumns> constant_bias_;  // SkipRMSNorm
 };
 
 }  // namespace
 
 void AppendCudaOps(std::vector<const OrtCustomOp*>& ops) {
   if (RuntimeApiVersion() < kApiCudaKernels) return;
-  AppendNormOps<CudaNormKernel>(ops);
+  AppendNormOps<CudaNormKernel>(CudaProvider{}, ops);
 }
 
 }  // namespace ort_rmsnorm

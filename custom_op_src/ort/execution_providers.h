@@ -7,7 +7,7 @@
 
 namespace ort_rmsnorm {
 
-// CPU ops running `kernels` (chosen once per process by the dispatch in kernels/dispatch.cpp).
+// CPU ops running `kernels` (chosen once per process by the dispatch in kernels/dispatch.cpp), which they hold.
 void AppendCpuOps(const CpuKernels& kernels, std::vector<const OrtCustomOp*>& ops);
 
 #ifdef ORT_RMSNORM_WITH_CUDA

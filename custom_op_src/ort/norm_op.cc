@@ -41,7 +41,7 @@ AttributeType Probe(const OrtKernelInfo* info, const char* name, int64_t* int_va
 
 }  // namespace
 
-NormAttributes::NormAttributes(const Ort::ConstKernelInfo& info, const char* op) : op_name(op) {
+NormAttributes::NormAttributes(const Ort::ConstKernelInfo& info, const char* op, bool skip) : op_name(op) {
   node_name = info.GetNodeName();
   while (!node_name.empty() && node_name.back() == '\0') node_name.pop_back();
 
@@ -72,6 +72,21 @@ NormAttributes::NormAttributes(const Ort::ConstKernelInfo& info, const char* op)
       break;
     default: Fail(std::string("attribute 'eps_outside_sqrt' must be an int (0 or 1), got ") + TypeName(type));
   }
+  const AttributeType float32_sum = Probe(info, "normalize_float32_sum", &int_value, &float_value);
+  if (float32_sum != AttributeType::kAbsent && !skip) {
+    Fail("attribute 'normalize_float32_sum' is SkipRMSNorm's; RMSNorm has no sum to normalize");
+  }
+  switch (float32_sum) {
+    case AttributeType::kAbsent: break;
+    case AttributeType::kInt:
+      if (int_value != 0 && int_value != 1) {
+        Fail("attribute 'normalize_float32_sum' must be 0 or 1, got " + std::to_string(int_value));
+      }
+      normalize_float32_sum = int_value == 1;
+      break;
+    default:
+      Fail(std::string("attribute 'normalize_float32_sum' must be an int (0 or 1), got ") + TypeName(float32_sum));
+  }
 }
 
 void NormAttributes::Fail(const std::string& problem, OrtErrorCode code) const {
@@ -85,17 +100,17 @@ NormGeometry NormAttributes::Geometry(const Shape& x_shape) const {
   return geometry;
 }
 
-ScaleLayout NormAttributes::ScaleLayoutFor(const Shape& scale_shape, const Shape& x_shape,
-                                           const NormGeometry& geometry) const {
+ScaleLayout NormAttributes::ScaleLayoutFor(const Shape& shape, const Shape& x_shape, const NormGeometry& geometry,
+                                           const char* name) const {
   ScaleLayout layout;
-  if (std::string error = CheckScaleShape(scale_shape, x_shape, geometry, &layout); !error.empty()) Fail(error);
+  if (std::string error = CheckScaleShape(shape, x_shape, geometry, &layout, name); !error.empty()) Fail(error);
   return layout;
 }
 
-ScaleBroadcast NormAttributes::BroadcastFor(const Shape& scale_shape, const NormGeometry& geometry) const {
+ScaleBroadcast NormAttributes::BroadcastFor(const Shape& shape, const NormGeometry& geometry, const char* name) const {
   ScaleBroadcast broadcast;
-  if (!MakeScaleBroadcast(scale_shape, geometry.normalized_shape, &broadcast)) {
-    Fail("scale of shape " + ShapeToString(scale_shape) + " broadcasts over the normalized dims " +
+  if (!MakeScaleBroadcast(shape, geometry.normalized_shape, &broadcast)) {
+    Fail(std::string(name) + " of shape " + ShapeToString(shape) + " broadcasts over the normalized dims " +
              ShapeToString(geometry.normalized_shape) + " in a pattern of more than " +
              std::to_string(kMaxScaleDims) + " alternating dims, which is not supported",
          ORT_NOT_IMPLEMENTED);

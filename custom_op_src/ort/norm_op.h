@@ -1,6 +1,7 @@
 // The onnxruntime-facing definition of RMSNorm and SkipRMSNorm (domain "ort_rmsnorm", version 1), shared by the
 // execution providers: signature, attributes and their validation, error reporting. An execution provider supplies
-// only the kernel class template `Kernel<Kind, T, S>`.
+// only the kernel class template `Kernel<Kind, T, S>`, constructed from the node's kernel info and the provider's
+// state `Kernel::Provider` (the CPU kernels chosen for this process, ...), which each op holds.
 #pragma once
 
 #include <cmath>
@@ -20,13 +21,14 @@ constexpr const char* kDomain = "ort_rmsnorm";
 enum class NormKind { kRmsNorm, kSkipRmsNorm };
 
 // Signature:  RMSNorm(X: T, scale: S?) -> Y: T
-//             SkipRMSNorm(X: T, skip: T, scale: S?) -> (Y: T, sum: T?)
+//             SkipRMSNorm(X: T, skip: T, scale: S?, bias: T?) -> (Y: T, sum: T?)
 template <NormKind K>
 struct NormSignature {
   static constexpr bool kSkip = K == NormKind::kSkipRmsNorm;
   static constexpr const char* kName = kSkip ? "SkipRMSNorm" : "RMSNorm";
   static constexpr size_t kX = 0, kSkipInput = 1, kScale = kSkip ? 2 : 1;
-  static constexpr size_t kInputs = kScale + 1;
+  static constexpr size_t kBias = 3;  // SkipRMSNorm only
+  static constexpr size_t kInputs = kSkip ? kBias + 1 : kScale + 1;
   static constexpr size_t kY = 0, kSum = 1;
   static constexpr size_t kOutputs = kSkip ? 2 : 1;
 };
@@ -48,14 +50,17 @@ struct NormAttributes {
   int64_t axis = -1;
   float epsilon = 1e-5f;
   bool eps_outside_sqrt = false;
+  bool normalize_float32_sum = false;  // SkipRMSNorm
 
-  NormAttributes(const Ort::ConstKernelInfo& info, const char* op);
+  NormAttributes(const Ort::ConstKernelInfo& info, const char* op, bool skip);
 
   [[noreturn]] void Fail(const std::string& problem, OrtErrorCode code = ORT_INVALID_ARGUMENT) const;
 
   NormGeometry Geometry(const Shape& x_shape) const;
-  ScaleLayout ScaleLayoutFor(const Shape& scale_shape, const Shape& x_shape, const NormGeometry& geometry) const;
-  ScaleBroadcast BroadcastFor(const Shape& scale_shape, const NormGeometry& geometry) const;
+  // The layout of a per-column input (`name`: "scale", or SkipRMSNorm's "bias") over a row.
+  ScaleLayout ScaleLayoutFor(const Shape& shape, const Shape& x_shape, const NormGeometry& geometry,
+                             const char* name = "scale") const;
+  ScaleBroadcast BroadcastFor(const Shape& shape, const NormGeometry& geometry, const char* name = "scale") const;
   void CheckSkipShape(const Shape& skip_shape, const Shape& x_shape) const;
 
   // The static X of the node with its axis checked, or nullopt when the rank is unknown: problems visible in the
@@ -113,8 +118,9 @@ template <template <NormKind, typename, typename> class Kernel, NormKind K, type
 struct NormOp : Ort::CustomOpBase<NormOp<Kernel, K, T, S>, Kernel<K, T, S>, /*WithStatus=*/true> {
   using Sig = NormSignature<K>;
   using KernelType = Kernel<K, T, S>;
+  using Provider = typename KernelType::Provider;
 
-  NormOp() {
+  explicit NormOp(const Provider& provider) : provider_(provider) {
     // onnxruntime rejects ops whose version exceeds its own API version and ignores the fields it predates.
     this->version = static_cast<uint32_t>(RuntimeApiVersion());
     this->InferOutputShapeFn = &InferOutputShape;
@@ -127,10 +133,10 @@ struct NormOp : Ort::CustomOpBase<NormOp<Kernel, K, T, S>, Kernel<K, T, S>, /*Wi
 
   size_t GetInputTypeCount() const { return Sig::kInputs; }
   ONNXTensorElementDataType GetInputType(size_t index) const {
-    return index == Sig::kScale ? kOrtElementType<S> : kOrtElementType<T>;
+    return index == Sig::kScale ? kOrtElementType<S> : kOrtElementType<T>;  // bias: T
   }
   OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t index) const {
-    return index == Sig::kScale ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+    return index >= Sig::kScale ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
   }
 
   size_t GetOutputTypeCount() const { return Sig::kOutputs; }
@@ -140,10 +146,12 @@ struct NormOp : Ort::CustomOpBase<NormOp<Kernel, K, T, S>, Kernel<K, T, S>, /*Wi
   }
 
   OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
-    return StatusFrom([&] { *kernel = new KernelType(Ort::ConstKernelInfo(info)); });
+    return StatusFrom([&] { *kernel = new KernelType(Ort::ConstKernelInfo(info), provider_); });
   }
 
  private:
+  Provider provider_;
+
   // Every output has X's type and shape. onnxruntime's C API can only state a dynamic dim by name: an unnamed one
   // would be read back as the literal value -1, so when X has one (or an unknown rank, reported as 0 dims) the
   // shape is left to onnxruntime (the output type is inferred anyway).
@@ -199,27 +207,28 @@ struct NormOp : Ort::CustomOpBase<NormOp<Kernel, K, T, S>, Kernel<K, T, S>, /*Wi
 
 namespace ort_rmsnorm {
 
-// Ops live in static storage: onnxruntime keeps pointers to them for the life of every session.
-template <template <NormKind, typename, typename> class Kernel, NormKind K, typename T, typename S>
-const OrtCustomOp* StaticNormOp() {
-  static const NormOp<Kernel, K, T, S> op;
+// Ops live in static storage: onnxruntime keeps pointers to them for the life of every session. Each is made on
+// the first call, from that call's provider state: RegisterCustomOps builds the ops once per process.
+template <template <NormKind, typename, typename> class Kernel, NormKind K, typename T, typename S, typename Provider>
+const OrtCustomOp* StaticNormOp(const Provider& provider) {
+  static const NormOp<Kernel, K, T, S> op(provider);
   return &op;
 }
 
 // Both ops for the contract's five (X, scale) type pairs; onnxruntime picks the overload by input types.
-template <template <NormKind, typename, typename> class Kernel>
-void AppendNormOps(std::vector<const OrtCustomOp*>& ops) {
+template <template <NormKind, typename, typename> class Kernel, typename Provider>
+void AppendNormOps(const Provider& provider, std::vector<const OrtCustomOp*>& ops) {
   for (const OrtCustomOp* op : {
-           StaticNormOp<Kernel, NormKind::kRmsNorm, float, float>(),
-           StaticNormOp<Kernel, NormKind::kRmsNorm, Float16, Float16>(),
-           StaticNormOp<Kernel, NormKind::kRmsNorm, Float16, float>(),
-           StaticNormOp<Kernel, NormKind::kRmsNorm, BFloat16, BFloat16>(),
-           StaticNormOp<Kernel, NormKind::kRmsNorm, BFloat16, float>(),
-           StaticNormOp<Kernel, NormKind::kSkipRmsNorm, float, float>(),
-           StaticNormOp<Kernel, NormKind::kSkipRmsNorm, Float16, Float16>(),
-           StaticNormOp<Kernel, NormKind::kSkipRmsNorm, Float16, float>(),
-           StaticNormOp<Kernel, NormKind::kSkipRmsNorm, BFloat16, BFloat16>(),
-           StaticNormOp<Kernel, NormKind::kSkipRmsNorm, BFloat16, float>(),
+           StaticNormOp<Kernel, NormKind::kRmsNorm, float, float>(provider),
+           StaticNormOp<Kernel, NormKind::kRmsNorm, Float16, Float16>(provider),
+           StaticNormOp<Kernel, NormKind::kRmsNorm, Float16, float>(provider),
+           StaticNormOp<Kernel, NormKind::kRmsNorm, BFloat16, BFloat16>(provider),
+           StaticNormOp<Kernel, NormKind::kRmsNorm, BFloat16, float>(provider),
+           StaticNormOp<Kernel, NormKind::kSkipRmsNorm, float, float>(provider),
+           StaticNormOp<Kernel, NormKind::kSkipRmsNorm, Float16, Float16>(provider),
+           StaticNormOp<Kernel, NormKind::kSkipRmsNorm, Float16, float>(provider),
+           StaticNormOp<Kernel, NormKind::kSkipRmsNorm, BFloat16, BFloat16>(provider),
+           StaticNormOp<Kernel, NormKind::kSkipRmsNorm, BFloat16, float>(provider),
        }) {
     ops.push_back(op);
   }

@@ -15,10 +15,9 @@ namespace ort_rmsnorm {
 
 // Oldest runtime API we can serve: status-returning kernels (CreateKernelV2/KernelComputeV2) arrived in 16.
 constexpr int kMinRuntimeApiVersion = 16;
-// API features used only when the runtime has them.
-constexpr int kApiParallelFor = 17;     // KernelContext_ParallelFor
-constexpr int kApiShapeInference = 17;  // OrtCustomOp::InferOutputShapeFn
-constexpr int kApiMayInplace = 18;      // OrtCustomOp::GetMayInplace
+// API features used only when the runtime has them (the op's own fields, such as InferOutputShapeFn and
+// GetMayInplace, are simply not read by runtimes older than them).
+constexpr int kApiParallelFor = 17;  // KernelContext_ParallelFor
 
 // Runtime behaviour that changed without an API version of its own, by release (onnxruntime 1.N).
 // ShapeInferContext_SetOutputTypeShape on an output the node omits: an error status from 1.28, before it an

@@ -1,7 +1,7 @@
 """Loads the library into whatever onnxruntime this interpreter has (used with old releases by
 scripts/test-ort-compat) and checks RMSNorm/SkipRMSNorm numerics against the float64 reference, with and without
-SkipRMSNorm's optional `sum` output and in a residual chain as the pass writes it (the last norm without `sum`),
-and the output shapes the library infers for onnxruntime.
+SkipRMSNorm's optional `sum` output, with its optional bias and normalize_float32_sum, and in a residual chain as
+the pass writes it (the last norm without `sum`), and the output shapes the library infers for onnxruntime.
 
 usage: python check_runtime.py LIBRARY_PATH
 """
@@ -71,6 +71,19 @@ def main(library: str) -> None:
             if sum_output:
                 np.testing.assert_array_equal(outputs[1], h)
 
+        for float32_sum, sum_output in ((1, True), (1, False), (0, True)):
+            what = f"{dtype.__name__} skip+bias normalize_float32_sum={float32_sum} sum={sum_output}"
+            bias = random_array(rng, (HIDDEN,), dtype)
+            model = norm_model(dtype, dtype, skip=True, sum_output=sum_output, x_shape=("r", "d"), scale_shape=["d"],
+                               bias_shape=["d"], attributes={"epsilon": 1e-5, "normalize_float32_sum": float32_sum})
+            session = session_for(model)
+            check_shapes(session, what, "y")
+            outputs = session.run(None, {"x": x, "skip": s, "scale": w, "bias": bias})
+            expected, h = rmsnorm(x, w, skip=s, bias=bias, normalize_float32_sum=bool(float32_sum))
+            assert_matches_reference(outputs[0], expected, np.dtype(dtype), what)
+            if sum_output:
+                np.testing.assert_array_equal(outputs[1], h)
+
         session = session_for(residual_chain(dtype))
         check_shapes(session, f"{dtype.__name__} residual chain", "y1")
         y1, h1, y2 = session.run(None, {"x": x, "skip": s, "scale": w})
@@ -78,7 +91,8 @@ def main(library: str) -> None:
         assert_matches_reference(y1, expected1, np.dtype(dtype), f"{dtype.__name__} chain y1")
         np.testing.assert_array_equal(h1, expected_h1)
         assert_matches_reference(y2, rmsnorm(h1, w, skip=y1)[0], np.dtype(dtype), f"{dtype.__name__} chain y2")
-    print(f"onnxruntime {ort.__version__}: RMSNorm and SkipRMSNorm (with and without sum, in a chain) OK")
+    print(f"onnxruntime {ort.__version__}: RMSNorm and SkipRMSNorm (with and without sum, bias and the float32 sum, "
+          "in a chain) OK")
 
 
 if __name__ == "__main__":

@@ -54,15 +54,18 @@ struct RandomCase {
   bool eps_outside_sqrt = false;
   bool skip = false;
   bool sum_output = false;
+  bool bias = false;         // SkipRMSNorm: a bias row (one value per element of the normalized dims)
+  bool float32_sum = false;  // SkipRMSNorm: normalize_float32_sum
   double magnitude = 1.0;
   int specials = 0;  // NaN/Inf values planted in X
 };
 
 std::string Describe(const RandomCase& c) {
-  char text[160];
-  std::snprintf(text, sizeof text, " axis=%lld eps=%g outside=%d skip=%d sum=%d magnitude=%g specials=%d",
-                static_cast<long long>(c.axis), c.epsilon, c.eps_outside_sqrt, c.skip, c.sum_output, c.magnitude,
-                c.specials);
+  char text[200];
+  std::snprintf(text, sizeof text,
+                " axis=%lld eps=%g outside=%d skip=%d sum=%d bias=%d float32_sum=%d magnitude=%g specials=%d",
+                static_cast<long long>(c.axis), c.epsilon, c.eps_outside_sqrt, c.skip, c.sum_output, c.bias,
+                c.float32_sum, c.magnitude, c.specials);
   return "X" + ShapeToString(c.x_shape) + (c.has_scale ? " scale" + ShapeToString(c.scale_shape) : " no-scale") +
          text;
 }
@@ -117,6 +120,8 @@ RandomCase MakeRandomCase(std::mt19937& rng) {
   c.eps_outside_sqrt = chance(0.3);
   c.skip = chance(0.4);
   c.sum_output = c.skip && chance(0.6);
+  c.bias = c.skip && chance(0.4);
+  c.float32_sum = c.skip && chance(0.5);
   // log-uniform over most of the range of T (float16: 1e-7 .. 1e4; bfloat16/float32: 1e-40 .. 1e36).
   const double lo = std::is_same_v<T, Float16> ? -7 : -40, hi = std::is_same_v<T, Float16> ? 4 : 36;
   c.magnitude = std::pow(10.0, std::uniform_real_distribution<double>(lo, hi)(rng));
@@ -148,6 +153,7 @@ Shape MakeInvalidScaleShape(const RandomCase& c, std::mt19937& rng) {
 // scale index of each element from its own multi-index and the right-aligned scale shape.
 template <typename T>
 std::vector<double> NdReference(const RandomCase& c, const std::vector<T>& h, const std::vector<float>& scale) {
+  // h: the normalized values (x, round_T(s), or the float32 sum s itself)
   const size_t rank = c.x_shape.size();
   const size_t axis = static_cast<size_t>(c.axis < 0 ? c.axis + static_cast<int64_t>(rank) : c.axis);
   int64_t row_size = 1;
@@ -241,9 +247,25 @@ void RunRandomCases(const std::vector<const CpuKernels*>& isas, const Options& o
       }
     }
 
+    // SkipRMSNorm: s = (x + skip) + bias in float32, sum = round_T(s); normalized: round_T(s), or s.
+    std::vector<float> bias;
+    if (c.bias) {
+      for (const T& b : RandomTensor<T>(rng, static_cast<size_t>(geometry.cols), c.magnitude)) {
+        bias.push_back(ToFloat(b));
+      }
+    }
     std::vector<T> h(count);
-    for (size_t k = 0; k < count; ++k) h[k] = c.skip ? FromFloat<T>(ToFloat(x[k]) + ToFloat(skip[k])) : x[k];
-    const std::vector<double> reference = NdReference(c, h, scale);
+    std::vector<float> s(count);
+    for (size_t k = 0; k < count; ++k) {
+      s[k] = ToFloat(x[k]);
+      if (c.skip) {
+        s[k] += ToFloat(skip[k]);
+        if (c.bias) s[k] += bias[k % static_cast<size_t>(geometry.cols)];
+      }
+      h[k] = c.skip ? FromFloat<T>(s[k]) : x[k];
+    }
+    const std::vector<double> reference =
+        c.skip && c.float32_sum ? NdReference(c, s, scale) : NdReference(c, h, scale);
 
     for (const CpuKernels* kernels : isas) {
       std::vector<T> y(count), sum(count);
@@ -251,12 +273,14 @@ void RunRandomCases(const std::vector<const CpuKernels*>& isas, const Options& o
       batch.x = x.data();
       batch.skip = c.skip ? skip.data() : nullptr;
       batch.sum = c.sum_output ? sum.data() : nullptr;
+      batch.bias = c.bias ? bias.data() : nullptr;
+      batch.normalize_float32_sum = c.float32_sum;
       batch.y = y.data();
       batch.scale = row_scale;
       batch.cols = geometry.cols;
       batch.epsilon = c.epsilon;
       batch.eps_outside_sqrt = c.eps_outside_sqrt;
-      kernels->get<T>()(batch, 0, geometry.rows);
+      Normalize<T>(*kernels, batch, 0, geometry.rows);
       ++tried;
       const std::string mismatch = FirstMismatch(y, reference);
       bool sum_ok = true;
@@ -330,7 +354,7 @@ void RunExactConversions(const std::vector<const CpuKernels*>& isas, std::mt1993
       batch.cols = cols;
       batch.epsilon = 0.0f;
       batch.streaming_stores = streaming;
-      kernels->get<T>()(batch, 0, 1);
+      Normalize<T>(*kernels, batch, 0, 1);
       size_t mismatches = 0, first = 0;
       for (size_t k = 0; k < probes.size(); ++k) {
         const T want = FromFloat<T>(probes[k]);
@@ -354,7 +378,7 @@ void RunExactConversions(const std::vector<const CpuKernels*>& isas, std::mt1993
       add.sum = sum.data();
       add.y = out.data();
       add.cols = 256;  // 256 rows of 256
-      kernels->get<T>()(add, 0, 256);
+      Normalize<T>(*kernels, add, 0, 256);
       size_t wrong = 0;
       for (size_t k = 0; k < patterns.size(); ++k) {
         wrong += !SameBits(ToFloat(sum[k]), ToFloat(FromFloat<T>(ToFloat(patterns[k]) + ToFloat((*skip)[k]))));
@@ -388,6 +412,7 @@ void RunAllFloat16Sums(const std::vector<const CpuKernels*>& isas) {
     for (const std::vector<Float16>* skips : {&finite, &special}) {
       const auto cols = static_cast<int64_t>(skips->size());
       std::vector<Float16> x(kRows * cols), skip(kRows * cols), y(kRows * cols);
+      const std::vector<float> ones(static_cast<size_t>(cols), 1.0f);
       std::vector<std::vector<Float16>> sums(vector_isas.size(), std::vector<Float16>(kRows * cols));
       for (int64_t k = 0; k < kRows * cols; ++k) skip[k] = (*skips)[k % cols];
       for (int64_t chunk = kRows * worker; chunk < 0x10000; chunk += kRows * workers) {
@@ -400,8 +425,9 @@ void RunAllFloat16Sums(const std::vector<const CpuKernels*>& isas) {
           batch.skip = skip.data();
           batch.sum = sums[i].data();
           batch.y = y.data();
+          batch.scale = ones.data();
           batch.cols = cols;
-          vector_isas[i]->get<Float16>()(batch, 0, kRows);
+          Normalize<Float16>(*vector_isas[i], batch, 0, kRows);
           if (i == 0 || std::memcmp(sums[i].data(), sums[0].data(), sums[0].size() * sizeof(Float16)) == 0) continue;
           for (int64_t k = 0; k < kRows * cols; ++k) {
             const Float16 a = sums[i][k], b = sums[0][k];
@@ -444,7 +470,7 @@ void CheckAgainstRowReference(const CpuKernels& kernels, const std::vector<T>& x
   batch.scale = scale.data();
   batch.cols = cols;
   batch.epsilon = epsilon;
-  kernels.get<T>()(batch, 0, c.x_shape[0]);
+  Normalize<T>(kernels, batch, 0, c.x_shape[0]);
   // Within tolerance also means finite wherever the float64 result is: no inf from an overflowed float32
   // statistic, no 0 or NaN from an underflowed one.
   const std::string mismatch = FirstMismatch(y, reference);
@@ -510,13 +536,13 @@ void RunThreads(const std::vector<const CpuKernels*>& isas, std::mt19937& rng) {
       return batch;
     };
     std::vector<T> y1(x.size()), sum1(x.size()), yn(x.size()), sumn(x.size());
-    kernels->get<T>()(make_batch(y1, sum1), 0, kRows);
+    Normalize<T>(*kernels, make_batch(y1, sum1), 0, kRows);
     const RowBatch<T> shared = make_batch(yn, sumn);
     std::vector<std::thread> threads;
     for (int t = 0; t < kThreads; ++t) {
       threads.emplace_back([&, t] {  // interleaved single rows: neighbouring threads write neighbouring rows
         for (int repeat = 0; repeat < 3; ++repeat) {
-          for (int64_t r = t; r < kRows; r += kThreads) kernels->get<T>()(shared, r, r + 1);
+          for (int64_t r = t; r < kRows; r += kThreads) Normalize<T>(*kernels, shared, r, r + 1);
         }
       });
     }

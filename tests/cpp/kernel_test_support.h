@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,22 @@ class AlignedBuffer {
 };
 
 bool SameBits(float a, float b) { return FloatBits(a) == FloatBits(b) || (std::isnan(a) && std::isnan(b)); }
+
+// Runs rows [begin, end) of `batch` with `kernels` as the library's glue calls them: ones for an absent scale, and
+// the scratch the call needs, here a heap block of exactly ScratchBytes (so that AddressSanitizer sees any access
+// past it).
+template <typename T>
+void Normalize(const CpuKernels& kernels, RowBatch<T> batch, int64_t begin, int64_t end) {
+  std::vector<float> ones;
+  if (!batch.scale) {
+    ones.assign(static_cast<size_t>(batch.cols > 0 ? batch.cols : 1), 1.0f);
+    batch.scale = ones.data();
+  }
+  const auto bytes = static_cast<size_t>(ScratchBytes(batch));
+  batch.scratch = bytes ? std::aligned_alloc(64, bytes) : nullptr;  // bytes: whole cache lines
+  kernels.get<T>()(batch, begin, end);
+  std::free(batch.scratch);
+}
 
 }  // namespace
 }  // namespace ort_rmsnorm

@@ -3,6 +3,7 @@
 //
 //   kernel_tests            run everything
 //   kernel_tests --quick    skip the million-element rows (for slow emulators)
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -10,6 +11,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #ifdef ORT_RMSNORM_TEST_AVX512_BF16
@@ -31,36 +33,47 @@ struct Case {
   bool scale;
   float epsilon;
   bool eps_outside_sqrt;
+  bool bias = false;         // SkipRMSNorm: a bias row added after skip
+  bool float32_sum = false;  // SkipRMSNorm: normalize_float32_sum
 };
 
 std::string Describe(const char* isa, const char* type, const Case& c) {
   char text[256];
-  std::snprintf(text, sizeof text, "%s %s rows=%lld cols=%lld skip=%d sum=%d scale=%d eps=%g outside=%d", isa, type,
-                static_cast<long long>(c.rows), static_cast<long long>(c.cols), c.skip, c.sum_output, c.scale,
-                c.epsilon, c.eps_outside_sqrt);
+  std::snprintf(text, sizeof text,
+                "%s %s rows=%lld cols=%lld skip=%d sum=%d scale=%d eps=%g outside=%d bias=%d float32_sum=%d", isa,
+                type, static_cast<long long>(c.rows), static_cast<long long>(c.cols), c.skip, c.sum_output, c.scale,
+                c.epsilon, c.eps_outside_sqrt, c.bias, c.float32_sum);
   return text;
 }
 
-// float64 reference of the contract. For SkipRMSNorm the normalized value is h = round_T(f32(x) + f32(skip)),
-// which is what the unfused graph's Add produces.
+// float64 reference of the contract. SkipRMSNorm forms s = (f32(x) + f32(skip)) + f32(bias) in float32; the `sum`
+// output h is round_T(s) (what the unfused graph's Add produces), and the normalized value is h, or s itself with
+// normalize_float32_sum.
 template <typename T>
 void Reference(const Case& c, const std::vector<T>& x, const std::vector<T>& skip, const std::vector<float>& scale,
-               std::vector<double>* y, std::vector<T>* h) {
+               const std::vector<float>& bias, std::vector<double>* y, std::vector<T>* h) {
   y->resize(x.size());
   h->resize(x.size());
+  std::vector<double> normalized(static_cast<size_t>(c.cols));
   for (int64_t r = 0; r < c.rows; ++r) {
     double sum_squares = 0.0;
     for (int64_t i = 0; i < c.cols; ++i) {
       const size_t k = static_cast<size_t>(r * c.cols + i);
-      (*h)[k] = c.skip ? FromFloat<T>(ToFloat(x[k]) + ToFloat(skip[k])) : x[k];
-      const double v = ToFloat((*h)[k]);
+      float s = ToFloat(x[k]);
+      if (c.skip) {
+        s += ToFloat(skip[k]);
+        if (c.bias) s += bias[static_cast<size_t>(i)];
+      }
+      (*h)[k] = c.skip ? FromFloat<T>(s) : x[k];
+      const double v = c.skip && c.float32_sum ? s : ToFloat((*h)[k]);
+      normalized[static_cast<size_t>(i)] = v;
       sum_squares += v * v;
     }
     const double mean_square = sum_squares / static_cast<double>(c.cols);
     const double rms_eps = c.eps_outside_sqrt ? std::sqrt(mean_square) + c.epsilon : std::sqrt(mean_square + c.epsilon);
     for (int64_t i = 0; i < c.cols; ++i) {
       const size_t k = static_cast<size_t>(r * c.cols + i);
-      (*y)[k] = static_cast<double>(ToFloat((*h)[k])) / rms_eps * (c.scale ? scale[static_cast<size_t>(i)] : 1.0);
+      (*y)[k] = normalized[static_cast<size_t>(i)] / rms_eps * (c.scale ? scale[static_cast<size_t>(i)] : 1.0);
     }
   }
 }
@@ -69,7 +82,7 @@ void Reference(const Case& c, const std::vector<T>& x, const std::vector<T>& ski
 // whole cache lines are run a second time with streaming stores, which must give the same bits.
 template <typename T>
 void RunCase(const CpuKernels& kernels, const Case& c, const std::vector<T>& x, const std::vector<T>& skip,
-             const std::vector<float>& scale, std::vector<T>* y_out) {
+             const std::vector<float>& scale, std::vector<T>* y_out, const std::vector<float>& bias = {}) {
   const size_t n = x.size();
   AlignedBuffer<T> y(n), sum(n);
   RowBatch<T> batch;
@@ -78,12 +91,14 @@ void RunCase(const CpuKernels& kernels, const Case& c, const std::vector<T>& x, 
   batch.sum = c.skip && c.sum_output ? sum.data() : nullptr;
   batch.y = y.data();
   batch.scale = c.scale ? scale.data() : nullptr;
+  batch.bias = c.skip && c.bias ? bias.data() : nullptr;
+  batch.normalize_float32_sum = c.float32_sum;
   batch.cols = c.cols;
   batch.epsilon = c.epsilon;
   batch.eps_outside_sqrt = c.eps_outside_sqrt;
   // Two calls over disjoint row ranges, as the thread pool would make them.
-  kernels.get<T>()(batch, 0, c.rows / 2);
-  kernels.get<T>()(batch, c.rows / 2, c.rows);
+  Normalize<T>(kernels, batch, 0, c.rows / 2);
+  Normalize<T>(kernels, batch, c.rows / 2, c.rows);
 
   const std::string name = Describe(kernels.isa, TypeName<T>(), c);
   if (c.cols * sizeof(T) % 64 == 0) {
@@ -92,7 +107,7 @@ void RunCase(const CpuKernels& kernels, const Case& c, const std::vector<T>& x, 
     streamed.streaming_stores = true;
     streamed.y = streamed_y.data();
     streamed.sum = batch.sum ? streamed_sum.data() : nullptr;
-    kernels.get<T>()(streamed, 0, c.rows);
+    Normalize<T>(kernels, streamed, 0, c.rows);
     bool same = std::memcmp(streamed_y.data(), y.data(), n * sizeof(T)) == 0;
     if (batch.sum) same = same && std::memcmp(streamed_sum.data(), sum.data(), n * sizeof(T)) == 0;
     Expect(same, name + ": streaming stores change the result");
@@ -100,7 +115,7 @@ void RunCase(const CpuKernels& kernels, const Case& c, const std::vector<T>& x, 
 
   std::vector<double> reference;
   std::vector<T> h;
-  Reference(c, x, skip, scale, &reference, &h);
+  Reference(c, x, skip, scale, bias, &reference, &h);
   const double rtol = RelativeTolerance<T>(), atol = SmallestSubnormal<T>();
   double worst = 0.0;
   size_t worst_index = 0;
@@ -127,7 +142,7 @@ void RunCase(const CpuKernels& kernels, const Case& c, const std::vector<T>& x, 
   if (batch.sum) {
     bool sum_ok = true;
     for (size_t k = 0; k < n; ++k) sum_ok = sum_ok && SameBits(ToFloat(sum[k]), ToFloat(h[k]));
-    Expect(sum_ok, name + ": sum output differs from round_T(x + skip)");
+    Expect(sum_ok, name + ": sum output differs from round_T(x + skip (+ bias))");
   }
   y_out->assign(y.data(), y.data() + n);
 }
@@ -140,11 +155,13 @@ void CompareIsas(const std::vector<const CpuKernels*>& isas, const Case& c, std:
   std::vector<float> scale(static_cast<size_t>(c.cols));
   std::uniform_real_distribution<float> gain(-2.0f, 2.0f);
   for (auto& g : scale) g = gain(rng);
+  std::vector<float> bias;  // values of T, as the glue widens them
+  for (const T& b : RandomValues<T>(rng, static_cast<size_t>(c.cols), magnitude)) bias.push_back(ToFloat(b));
 
   std::vector<T> first;
   for (const CpuKernels* kernels : isas) {
     std::vector<T> y;
-    RunCase<T>(*kernels, c, x, skip, scale, &y);
+    RunCase<T>(*kernels, c, x, skip, scale, &y, bias);
     if (first.empty()) {
       first = std::move(y);
       continue;
@@ -165,8 +182,12 @@ void RunMatrix(const std::vector<const CpuKernels*>& isas, bool quick) {
   std::mt19937 rng(1234);
   const int64_t sizes[] = {1, 2, 3, 4, 7, 8, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 511, 512, 513, 768, 4095, 4096, 4097, 16384};
   for (int64_t cols : sizes) {
-    for (int variant = 0; variant < 6; ++variant) {
-      Case c{3, cols, variant >= 3, variant == 4, variant != 1, variant == 2 ? 0.0f : 1e-5f, variant == 5};
+    for (int variant = 0; variant < 10; ++variant) {
+      Case c{3, cols, variant >= 3, variant == 4 || variant >= 6, variant != 1, variant == 2 ? 0.0f : 1e-5f,
+             variant == 5};
+      c.bias = variant == 6 || variant == 8 || variant == 9;                   // rounded and float32 sums
+      c.float32_sum = variant >= 7;
+      c.sum_output = c.sum_output && variant != 9;
       CompareIsas<T>(isas, c, rng, 1.0);
     }
   }
@@ -174,7 +195,11 @@ void RunMatrix(const std::vector<const CpuKernels*>& isas, bool quick) {
   for (bool outside : {false, true}) CompareIsas<T>(isas, Case{4, 64, false, false, true, 1e-2f, outside}, rng, 0.05);
   // Many rows, one statistic per row.
   CompareIsas<T>(isas, Case{257, 96, true, true, true, 1e-6f, false}, rng, 3.0);
-  if (!quick) CompareIsas<T>(isas, Case{2, 1 << 20, true, true, true, 1e-5f, false}, rng, 1.0);
+  CompareIsas<T>(isas, Case{257, 96, true, true, true, 1e-6f, false, true, true}, rng, 3.0);
+  if (!quick) {
+    CompareIsas<T>(isas, Case{2, 1 << 20, true, true, true, 1e-5f, false}, rng, 1.0);
+    CompareIsas<T>(isas, Case{2, 1 << 20, true, true, true, 1e-5f, false, true, true}, rng, 1.0);
+  }
 }
 
 // Values whose squares overflow or underflow float32 (bfloat16/float32 range) or float16 limits.
@@ -187,18 +212,22 @@ void RunExtremes(const std::vector<const CpuKernels*>& isas) {
       continue;  // not representable in T
     }
     for (float epsilon : {0.0f, 1e-6f}) {
-      for (bool skip : {false, true}) {
-        if (skip && magnitude > 1e30) continue;  // x + skip would overflow T: covered by the inf cases
+      for (int mode = 0; mode < 3; ++mode) {  // RMSNorm; SkipRMSNorm; with a bias, normalizing the float32 sum
+        const bool skip = mode > 0;
+        if (skip && magnitude > 1e30) continue;  // x + skip would overflow float32: covered by the inf cases
         std::vector<T> x(2 * 64), s(2 * 64);
         for (size_t k = 0; k < x.size(); ++k) {
           x[k] = FromFloat<T>(static_cast<float>(magnitude * (k % 2 ? 1.0 : -0.5)));
           s[k] = FromFloat<T>(static_cast<float>(magnitude * 0.25));
         }
-        const Case c{2, 64, skip, skip, true, epsilon, false};
+        // float16 at 6e4: x + skip overflows float16 (sum = inf) but not float32, so with the float32 sum y is finite.
+        const std::vector<float> bias(64, ToFloat(FromFloat<T>(static_cast<float>(magnitude * 0.125))));
+        Case c{2, 64, skip, skip, true, epsilon, false};
+        c.bias = c.float32_sum = mode == 2;
         // With eps = 0 tiny rows are normalized to O(1); with eps > 0 and tiny inputs eps dominates.
         for (const CpuKernels* kernels : isas) {
           std::vector<T> y;
-          RunCase<T>(*kernels, c, x, s, scale, &y);
+          RunCase<T>(*kernels, c, x, s, scale, &y, bias);
         }
       }
     }
@@ -210,14 +239,16 @@ void RunExtremes(const std::vector<const CpuKernels*>& isas) {
   for (float special : {nan, inf, -inf}) {
     std::vector<T> x(5 * 64, FromFloat<T>(1.0f)), s(5 * 64, FromFloat<T>(0.0f));
     x[2 * 64 + 9] = FromFloat<T>(special);
-    for (bool skip : {false, true}) {
+    for (int mode = 0; mode < 3; ++mode) {  // RMSNorm; SkipRMSNorm; normalizing the float32 sum
+      const bool skip = mode > 0;
+      Case c{5, 64, skip, skip, false, 1e-5f, false};
+      c.float32_sum = mode == 2;
       for (const CpuKernels* kernels : isas) {
         std::vector<T> y;
-        RunCase<T>(*kernels, Case{5, 64, skip, skip, false, 1e-5f, false}, x, s, {}, &y);
+        RunCase<T>(*kernels, c, x, s, {}, &y);
         bool others_ok = true;
         for (size_t k = 0; k < y.size(); ++k) others_ok = others_ok && (k / 64 == 2 || ToFloat(y[k]) > 0.99f);
-        Expect(others_ok, std::string(kernels->isa) + " " + TypeName<T>() + (skip ? " skip" : "") +
-                              ": special value leaked into other rows");
+        Expect(others_ok, Describe(kernels->isa, TypeName<T>(), c) + ": special value leaked into other rows");
       }
     }
   }
@@ -230,14 +261,16 @@ void RunExtremes(const std::vector<const CpuKernels*>& isas) {
 }
 
 // Outputs over inputs (Y over X, sum over skip: the aliasing onnxruntime may choose) give the bits of separate
-// buffers, with and without streaming stores (rows of whole cache lines for those), with and without `sum`.
+// buffers, with and without streaming stores (rows of whole cache lines for those), with and without `sum`,
+// normalizing round_T(s) or the float32 sum, with a bias.
 template <typename T>
 void RunInPlace(const std::vector<const CpuKernels*>& isas) {
   std::mt19937 rng(7);
   for (const CpuKernels* kernels : isas) {
     for (bool streaming : {false, true}) {
-      for (int outputs = 0; outputs < 3; ++outputs) {  // RMSNorm; SkipRMSNorm with sum; without sum
-        const bool skip = outputs > 0, with_sum = outputs == 1;
+      // RMSNorm; SkipRMSNorm with sum; without sum; both again with a bias and the float32 sum.
+      for (int outputs = 0; outputs < 5; ++outputs) {
+        const bool skip = outputs > 0, with_sum = outputs == 1 || outputs == 3, float32_sum = outputs >= 3;
         const int64_t rows = 5, cols = streaming ? 96 : 37;
         const size_t n = static_cast<size_t>(rows * cols);
         const auto x_values = RandomValues<T>(rng, n, 2.0);
@@ -245,6 +278,8 @@ void RunInPlace(const std::vector<const CpuKernels*>& isas) {
         AlignedBuffer<T> x(n), s(n), expected(n), expected_sum(n);
         std::memcpy(static_cast<void*>(x.data()), x_values.data(), n * sizeof(T));
         std::memcpy(static_cast<void*>(s.data()), skip_values.data(), n * sizeof(T));
+        std::vector<float> bias;
+        for (const T& b : RandomValues<T>(rng, static_cast<size_t>(cols), 1.0)) bias.push_back(ToFloat(b));
         RowBatch<T> batch;
         batch.x = x.data();
         batch.skip = skip ? s.data() : nullptr;
@@ -252,15 +287,60 @@ void RunInPlace(const std::vector<const CpuKernels*>& isas) {
         batch.y = expected.data();
         batch.cols = cols;
         batch.streaming_stores = streaming;
-        kernels->get<T>()(batch, 0, rows);
+        batch.bias = float32_sum ? bias.data() : nullptr;
+        batch.normalize_float32_sum = float32_sum;
+        Normalize<T>(*kernels, batch, 0, rows);
         batch.y = x.data();
         batch.sum = with_sum ? s.data() : nullptr;
-        kernels->get<T>()(batch, 0, rows);
+        Normalize<T>(*kernels, batch, 0, rows);
         bool same = std::memcmp(x.data(), expected.data(), n * sizeof(T)) == 0;
         if (with_sum) same = same && std::memcmp(s.data(), expected_sum.data(), n * sizeof(T)) == 0;
         Expect(same, std::string(kernels->isa) + " " + TypeName<T>() + (streaming ? " streaming" : "") +
-                         (skip ? (with_sum ? " skip+sum" : " skip") : "") + ": in-place result differs");
+                         (skip ? (with_sum ? " skip+sum" : " skip") : "") + (float32_sum ? " float32 sum" : "") +
+                         ": in-place result differs");
       }
+    }
+  }
+}
+
+// For 16-bit types the two SkipRMSNorm settings normalize different rows. With sums that rounding to T moves (skip
+// small against x), each setting's output is within tolerance of its own reference (RunCase) and, in some elements,
+// outside the tolerance of the other setting's reference: the tests tell the two apart. Rounding the sum moves an
+// output by at most about one unit in the last place of T, so that is what the difference amounts to. For float32
+// the two settings are the same computation: the same bits.
+template <typename T>
+void TestFloat32SumMatters(const std::vector<const CpuKernels*>& isas) {
+  std::mt19937 rng(11);
+  const int64_t rows = 4, cols = 256;
+  const size_t n = static_cast<size_t>(rows * cols);
+  const auto x = RandomValues<T>(rng, n, 1.0, 0.3);
+  const auto skip = RandomValues<T>(rng, n, 1.0 / 64);
+  const std::vector<float> scale(static_cast<size_t>(cols), 1.0f);
+  Case rounded_case{rows, cols, true, true, true, 1e-5f, false};
+  Case float32_case = rounded_case;
+  float32_case.float32_sum = true;
+  std::vector<double> rounded_reference, float32_reference;
+  std::vector<T> h;
+  Reference(rounded_case, x, skip, scale, {}, &rounded_reference, &h);
+  Reference(float32_case, x, skip, scale, {}, &float32_reference, &h);
+  // Elements of `y` outside the tolerance of `reference`.
+  const auto outside = [&](const std::vector<T>& y, const std::vector<double>& reference) {
+    size_t count = 0;
+    for (size_t k = 0; k < n; ++k) count += !WithinTolerance<T>(ToFloat(y[k]), reference[k]);
+    return count;
+  };
+  for (const CpuKernels* kernels : isas) {
+    std::vector<T> rounded, unrounded;
+    RunCase<T>(*kernels, rounded_case, x, skip, scale, &rounded);
+    RunCase<T>(*kernels, float32_case, x, skip, scale, &unrounded);
+    const std::string name = std::string(kernels->isa) + " " + TypeName<T>();
+    if constexpr (std::is_same_v<T, float>) {
+      Expect(std::memcmp(rounded.data(), unrounded.data(), n * sizeof(T)) == 0,
+             name + ": normalize_float32_sum changes float32 results");
+    } else {
+      const size_t a = outside(unrounded, rounded_reference), b = outside(rounded, float32_reference);
+      Expect(a > 0 && b > 0, name + ": the two sums are not told apart (" + std::to_string(a) + " and " +
+                                 std::to_string(b) + " of " + std::to_string(n) + " outside the other's tolerance)");
     }
   }
 }
@@ -425,6 +505,9 @@ int main(int argc, char** argv) {
   RunExtremes<float>(isas);
   RunExtremes<Float16>(isas);
   RunExtremes<BFloat16>(isas);
+  TestFloat32SumMatters<float>(isas);
+  TestFloat32SumMatters<Float16>(isas);
+  TestFloat32SumMatters<BFloat16>(isas);
   RunInPlace<float>(isas);
   RunInPlace<Float16>(isas);
   RunInPlace<BFloat16>(isas);

@@ -74,7 +74,7 @@ struct Emulator {
   const cuda::LaunchPlan& plan;
   std::vector<int>& row_visits;
 
-  template <typename T, typename S, bool kSkip, int E, int N>
+  template <typename T, typename S, cuda::Skip kSkip, int E, int N>
   cudaError_t Run() const {
     const cuda::RowArgs<T, S> typed = cuda::TypedArgs<T, S>(args);
     const cuda::ScaleReader<S, E> scale(typed);
@@ -92,7 +92,7 @@ struct Emulator {
     return cudaSuccess;
   }
 
-  template <typename T, typename S, bool kSkip, int E, int N>
+  template <typename T, typename S, cuda::Skip kSkip, int E, int N>
   void Row(const cuda::RowArgs<T, S>& typed, int64_t base, const cuda::ScaleReader<S, E>& scale) const {
     using TwoPass = cuda::TwoPassRow<T, S, kSkip, E>;
     const int group = plan.group;
@@ -293,6 +293,8 @@ struct Case {
   bool eps_outside_sqrt = false;
   bool misaligned = false;  // x, skip, y, sum start one element past a 16-byte boundary
   bool in_place = false;    // y over x, sum over skip
+  bool bias = false;        // SkipRMSNorm: a float32 bias per column (values of T)
+  bool float32_sum = false; // SkipRMSNorm: normalize_float32_sum
   int other_plan = -1;      // >= 0: launched with AlternativePlans(...)[other_plan] instead of PlanLaunch's plan
 
   int64_t ScaleCount() const {
@@ -316,10 +318,10 @@ std::string Describe(const Case& c, const cuda::LaunchPlan& plan) {
       c.scale == ScaleKind::kBroadcast ? ShapeToString(c.scale_shape) + " over " + ShapeToString(c.normalized) : "";
   char text[400];
   std::snprintf(text, sizeof text,
-                "%s/%s rows=%lld cols=%lld skip=%d sum=%d scale=%s %s eps=%g outside=%d misaligned=%d in_place=%d "
-                "(plan: width %d, vecs %d, group %d, block %d, grid %lld)",
+                "%s/%s rows=%lld cols=%lld skip=%d sum=%d bias=%d float32_sum=%d scale=%s %s eps=%g outside=%d "
+                "misaligned=%d in_place=%d (plan: width %d, vecs %d, group %d, block %d, grid %lld)",
                 TypeName<T>(), TypeName<S>(), static_cast<long long>(c.rows), static_cast<long long>(c.cols),
-                c.skip, c.sum_output, ScaleKindName(c.scale), broadcast.c_str(),
+                c.skip, c.sum_output, c.bias, c.float32_sum, ScaleKindName(c.scale), broadcast.c_str(),
                 static_cast<double>(c.epsilon), c.eps_outside_sqrt, c.misaligned, c.in_place, plan.width, plan.vecs,
                 plan.group, plan.block, static_cast<long long>(plan.grid));
   return text;
@@ -352,8 +354,9 @@ std::vector<double> ReferenceGains(const Case& c, const std::vector<S>& scale) {
   return gains;
 }
 
-std::string VariantName(const std::string& type, const cuda::LaunchPlan& plan) {
-  return type + (plan.width == 1 ? " scalar" : " vector") + " vecs " + std::to_string(plan.vecs);
+std::string VariantName(const std::string& type, const cuda::LaunchPlan& plan, bool float32_sum) {
+  return type + (float32_sum ? " float32-sum" : "") + (plan.width == 1 ? " scalar" : " vector") + " vecs " +
+         std::to_string(plan.vecs);
 }
 
 struct Results {
@@ -380,12 +383,12 @@ bool SameBits(float a, float b) {
   return ua == ub || (std::isnan(a) && std::isnan(b));
 }
 
-// Runs one case and compares y with the float64 reference and `sum` with round_T(x + skip) bit for bit.
+// Runs one case and compares y with the float64 reference and `sum` with round_T(x + skip + bias) bit for bit.
 // Returns y (as computed), for callers that check more; nothing when the call has no alternative plan
-// `c.other_plan`.
+// `c.other_plan`. `bias`: `cols` values of T, as float32 (used when c.bias).
 template <typename T, typename S>
 std::vector<T> RunCase(Executor& executor, Results& results, const Case& c, const std::vector<T>& x,
-                       const std::vector<T>& skip, const std::vector<S>& scale) {
+                       const std::vector<T>& skip, const std::vector<S>& scale, const std::vector<float>& bias = {}) {
   const size_t n = static_cast<size_t>(c.rows * c.cols);
   const size_t bytes = n * sizeof(T);
   const size_t offset = c.misaligned ? sizeof(T) : 0;
@@ -400,6 +403,12 @@ std::vector<T> RunCase(Executor& executor, Results& results, const Case& c, cons
   args.cols = c.cols;
   args.epsilon = c.epsilon;
   args.eps_outside_sqrt = c.eps_outside_sqrt;
+  args.normalize_float32_sum = c.float32_sum;
+  if (c.skip && c.bias) {
+    float* bias_device = static_cast<float*>(executor.Alloc(bias.size() * sizeof(float)));
+    executor.Upload(bias_device, bias.data(), bias.size() * sizeof(float));
+    args.bias = bias_device;
+  }
   char* x_device = place(x);
   char* skip_device = c.skip ? place(skip) : nullptr;
   args.x = x_device;
@@ -431,7 +440,9 @@ std::vector<T> RunCase(Executor& executor, Results& results, const Case& c, cons
   }
   const cuda::LaunchPlan plan =
       executor.Launch(args, other ? &other_plans[static_cast<size_t>(c.other_plan)].second : nullptr);
-  results.variants.insert(other ? std::string(TypeName<T>()) + " other plan" : VariantName(TypeName<T>(), plan));
+  const bool normalizes_float32_sum = c.skip && c.float32_sum && sizeof(T) < sizeof(float);
+  results.variants.insert(other ? std::string(TypeName<T>()) + " other plan"
+                                : VariantName(TypeName<T>(), plan, normalizes_float32_sum));
   std::vector<T> y(n), sum(args.sum ? n : 0);
   executor.Download(y.data(), args.y, bytes);
   if (args.sum) executor.Download(sum.data(), args.sum, bytes);
@@ -442,21 +453,28 @@ std::vector<T> RunCase(Executor& executor, Results& results, const Case& c, cons
   bool y_ok = true, sum_ok = true;
   size_t worst = 0;
   double worst_excess = 0.0;
-  std::vector<T> h(static_cast<size_t>(c.cols));
+  // SkipRMSNorm: s = (x + skip) + bias in float32, `sum` = round_T(s); normalized: round_T(s), or s itself.
+  std::vector<double> normalized(static_cast<size_t>(c.cols));
   for (int64_t r = 0; r < c.rows; ++r) {
     double sum_squares = 0.0;
     for (int64_t i = 0; i < c.cols; ++i) {
       const size_t k = static_cast<size_t>(r * c.cols + i);
-      h[static_cast<size_t>(i)] = c.skip ? FromFloat<T>(ToFloat(x[k]) + ToFloat(skip[k])) : x[k];
-      const double v = ToFloat(h[static_cast<size_t>(i)]);
+      float s = ToFloat(x[k]);
+      if (c.skip) {
+        s += ToFloat(skip[k]);
+        if (c.bias) s += bias[static_cast<size_t>(i)];
+      }
+      const T h = c.skip ? FromFloat<T>(s) : x[k];
+      const double v = c.skip && c.float32_sum ? s : ToFloat(h);
+      normalized[static_cast<size_t>(i)] = v;
       sum_squares += v * v;
-      if (args.sum) sum_ok = sum_ok && SameBits(ToFloat(sum[k]), ToFloat(h[static_cast<size_t>(i)]));
+      if (args.sum) sum_ok = sum_ok && SameBits(ToFloat(sum[k]), ToFloat(h));
     }
     const double mean_square = sum_squares / static_cast<double>(c.cols);
     const double rms = c.eps_outside_sqrt ? std::sqrt(mean_square) + c.epsilon : std::sqrt(mean_square + c.epsilon);
     for (int64_t i = 0; i < c.cols; ++i) {
       const size_t k = static_cast<size_t>(r * c.cols + i);
-      const double want = ToFloat(h[static_cast<size_t>(i)]) / rms * gains[static_cast<size_t>(i)];
+      const double want = normalized[static_cast<size_t>(i)] / rms * gains[static_cast<size_t>(i)];
       const double got = ToFloat(y[k]);
       if (std::isnan(want) || std::isnan(got)) {
         if (std::isnan(want) != std::isnan(got)) {
@@ -483,7 +501,7 @@ std::vector<T> RunCase(Executor& executor, Results& results, const Case& c, cons
   } else {
     results.Expect(true, name);
   }
-  if (args.sum) results.Expect(sum_ok, name + ": sum differs from round_T(x + skip)");
+  if (args.sum) results.Expect(sum_ok, name + ": sum differs from round_T(x + skip + bias)");
   return y;
 }
 
@@ -499,9 +517,14 @@ template <typename T, typename S>
 void RunRandomCase(Executor& executor, Results& results, std::mt19937& rng, const Case& c, double sigma = 1.0) {
   const size_t n = static_cast<size_t>(c.rows * c.cols);
   const auto x = RandomValues<T>(rng, n, sigma, 0.3 * sigma);  // non-zero mean: RMS is about zero, no centering
-  const auto skip = c.skip ? RandomValues<T>(rng, n, sigma) : std::vector<T>();
+  // With the float32 sum, skip small against x: rounding the sum to T would then change many outputs.
+  const auto skip = c.skip ? RandomValues<T>(rng, n, c.float32_sum ? sigma / 64 : sigma) : std::vector<T>();
   const auto scale = Gains<S>(rng, static_cast<size_t>(c.ScaleCount()));
-  RunCase<T, S>(executor, results, c, x, skip, scale);
+  std::vector<float> bias;
+  if (c.bias) {
+    for (const T& b : RandomValues<T>(rng, static_cast<size_t>(c.cols), sigma / 8)) bias.push_back(ToFloat(b));
+  }
+  RunCase<T, S>(executor, results, c, x, skip, scale, bias);
 }
 
 // A split of `cols` into two dims > 1, for the broadcast cases.
@@ -527,7 +550,7 @@ void RunMatrix(Executor& executor, Results& results, bool quick) {
     sizes = {1, 3, 8, 17, 33, 64, 100, 256, 257, 512, 768, 1024, 2048, 4095, 4096, 4097, 8192, 16384, 32768, 40000};
   }
   for (int64_t cols : sizes) {
-    for (int variant = 0; variant < 9; ++variant) {
+    for (int variant = 0; variant < 13; ++variant) {
       Case c;
       c.cols = cols;
       c.rows = variant % 3 + 1;
@@ -539,6 +562,10 @@ void RunMatrix(Executor& executor, Results& results, bool quick) {
         case 4: c.skip = true, c.epsilon = 0.0f; break;
         case 5: c.skip = c.sum_output = c.in_place = true; break;
         case 6: c.misaligned = true, c.skip = c.sum_output = true; break;
+        case 9: c.skip = c.sum_output = c.bias = c.float32_sum = true; break;
+        case 10: c.skip = c.float32_sum = c.in_place = true; break;
+        case 11: c.skip = c.sum_output = c.bias = c.in_place = true; break;
+        case 12: c.skip = c.sum_output = c.bias = c.float32_sum = c.misaligned = true; break;
         case 7:
         case 8: {
           int64_t outer = 0, inner = 0;
@@ -564,12 +591,15 @@ void RunMatrix(Executor& executor, Results& results, bool quick) {
                                    {quick ? 300 : 3000, 4096},
                                    {quick ? 20 : 70, 16384},
                                    {quick ? 9 : 40, 40000}}) {
-    Case c;
-    c.rows = rows, c.cols = cols, c.skip = c.sum_output = true;
-    RunRandomCase<T, S>(executor, results, rng, c, 3.0);
-    // The same under the other launch plans that --plans times.
-    for (c.other_plan = 0; c.other_plan < kMaxAlternativePlans; ++c.other_plan) {
+    for (bool float32_sum : {false, true}) {
+      Case c;
+      c.rows = rows, c.cols = cols, c.skip = c.sum_output = true;
+      c.bias = c.float32_sum = float32_sum;
       RunRandomCase<T, S>(executor, results, rng, c, 3.0);
+      // The same under the other launch plans that --plans times.
+      for (c.other_plan = 0; c.other_plan < kMaxAlternativePlans; ++c.other_plan) {
+        RunRandomCase<T, S>(executor, results, rng, c, 3.0);
+      }
     }
   }
   // A 3-D normalized block (axis = -3) with a scale varying along the middle dim only.
@@ -588,18 +618,24 @@ void RunExtremes(Executor& executor, Results& results) {
       const float m = ToFloat(FromFloat<T>(static_cast<float>(magnitude)));
       if (m == 0.0f || std::isinf(m)) continue;  // not representable in T
       for (float epsilon : {0.0f, 1e-6f}) {
-        for (int skip_mode = 0; skip_mode < 3; ++skip_mode) {  // none, with `sum`, without (h staged in y)
+        // None; with `sum`; without (h staged in y); the float32 sum and a bias, with and without `sum`.
+        for (int skip_mode = 0; skip_mode < 5; ++skip_mode) {
           const bool skip = skip_mode > 0;
-          if (skip && magnitude > 1e30) continue;  // x + skip would overflow T
+          if (skip && magnitude > 1e30) continue;  // x + skip would overflow float32
           Case c;
-          c.rows = 2, c.cols = cols, c.skip = skip, c.sum_output = skip_mode == 1, c.epsilon = epsilon;
+          c.rows = 2, c.cols = cols, c.skip = skip, c.sum_output = skip_mode == 1 || skip_mode == 3;
+          c.epsilon = epsilon;
+          c.bias = c.float32_sum = skip_mode >= 3;
           c.scale = ScaleKind::kSingle;
           std::vector<T> x(static_cast<size_t>(2 * cols)), s(x.size());
           for (size_t k = 0; k < x.size(); ++k) {
             x[k] = FromFloat<T>(static_cast<float>(magnitude * (k % 2 ? 1.0 : -0.5)));
             s[k] = FromFloat<T>(static_cast<float>(magnitude * 0.25));
           }
-          RunCase<T, float>(executor, results, c, x, s, scale);
+          // float16 at 6e4: x + skip + bias overflows float16 (sum = inf), not float32 (the float32 sum's y is finite).
+          const std::vector<float> bias(static_cast<size_t>(cols),
+                                        ToFloat(FromFloat<T>(static_cast<float>(magnitude * 0.125))));
+          RunCase<T, float>(executor, results, c, x, s, scale, bias);
         }
       }
     }
@@ -673,6 +709,13 @@ void CheckCoverage(Results& results) {
     }
     results.Expect(results.variants.count(std::string(type) + " other plan") == 1,
                    std::string("alternative launch plans exercised: ") + type);
+  }
+  for (const char* type : {"float16", "bfloat16"}) {  // SkipRMSNorm normalizing the float32 sum
+    for (const char* variant : {"vector vecs 1", "vector vecs 2", "vector vecs 4", "vector vecs 8", "vector vecs 0",
+                                "scalar vecs 4", "scalar vecs 0"}) {
+      const std::string name = std::string(type) + " float32-sum " + variant;
+      results.Expect(results.variants.count(name) == 1, "kernel variant exercised: " + name);
+    }
   }
 }
 

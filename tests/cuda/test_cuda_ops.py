@@ -29,9 +29,9 @@ TYPE_PAIRS = [(np.float32, np.float32), (np.float16, np.float16), (np.float16, n
 
 
 def _model(op: str, x_shape, dtype, *, scale=None, scale_shape=None, scale_dtype=None, sum_output=False,
-           name="n0", **attributes) -> onnx.ModelProto:
+           bias=None, bias_shape=None, name="n0", **attributes) -> onnx.ModelProto:
     """One RMSNorm/SkipRMSNorm node. `scale`: an array (a constant initializer), None with `scale_shape` (a graph
-    input), or None (no scale)."""
+    input), or None (no scale); SkipRMSNorm's `bias` (of X's type) likewise, with `bias_shape`."""
     dtype = np.dtype(dtype)
     inputs = [helper.make_tensor_value_info("x", ONNX_TYPES[dtype], x_shape)]
     node_inputs = ["x"]
@@ -45,6 +45,16 @@ def _model(op: str, x_shape, dtype, *, scale=None, scale_shape=None, scale_dtype
     elif scale_shape is not None:
         inputs.append(helper.make_tensor_value_info("scale", ONNX_TYPES[np.dtype(scale_dtype)], scale_shape))
         node_inputs.append("scale")
+    if bias is not None or bias_shape is not None:
+        if len(node_inputs) < 3:
+            node_inputs.append("")  # no scale
+        if bias is not None:
+            initializers.append(onnx.helper.make_tensor("bias", ONNX_TYPES[dtype], bias.shape,
+                                                        bias.view(np.uint16 if dtype.itemsize == 2 else np.uint32)
+                                                        .tobytes(), raw=True))
+        else:
+            inputs.append(helper.make_tensor_value_info("bias", ONNX_TYPES[dtype], bias_shape))
+        node_inputs.append("bias")
     outputs = [helper.make_tensor_value_info("y", ONNX_TYPES[dtype], x_shape)]
     node_outputs = ["y"]
     if sum_output:
@@ -92,11 +102,20 @@ def _require_cuda():
         pytest.skip(reason)
 
 
-def _reference(x, skip, scale_gains, axis, epsilon, eps_outside_sqrt):
-    """float64 reference of the contract; h = round_T(x + skip) for SkipRMSNorm."""
-    h = (x.astype(np.float32) + skip.astype(np.float32)).astype(x.dtype) if skip is not None else x
+def _reference(x, skip, scale_gains, axis, epsilon, eps_outside_sqrt, bias=None, float32_sum=False):
+    """float64 reference of the contract. SkipRMSNorm: s = (x + skip) + bias in float32, h = round_T(s) (the `sum`
+    output), and the normalized values are h, or s itself with normalize_float32_sum."""
+    if skip is not None:
+        s = x.astype(np.float32) + skip.astype(np.float32)
+        if bias is not None:
+            s = s + bias.astype(np.float32)
+        with np.errstate(over="ignore"):
+            h = s.astype(x.dtype)
+        normalized = s if float32_sum else h
+    else:
+        h = normalized = x
     axes = tuple(range(axis % x.ndim, x.ndim))
-    hd = h.astype(np.float64)
+    hd = normalized.astype(np.float64)
     mean_square = np.mean(hd * hd, axis=axes, keepdims=True)
     rms = np.sqrt(mean_square) + epsilon if eps_outside_sqrt else np.sqrt(mean_square + epsilon)
     return hd / rms * scale_gains, h
@@ -147,6 +166,32 @@ def test_skip_rmsnorm_matches_reference(dtype, scale_dtype, cols, sum_output):
     _assert_close(outputs[0], want)
     if sum_output:
         assert np.array_equal(outputs[1].view(np.uint8), h.view(np.uint8)), "sum must be round_T(x + skip) exactly"
+
+
+@pytest.mark.parametrize("dtype,scale_dtype", TYPE_PAIRS, ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("cols", [768, 4095, 40000])
+@pytest.mark.parametrize("float32_sum", [0, 1], ids=["rounded-sum", "float32-sum"])
+@pytest.mark.parametrize("bias_kind", ["none", "constant", "input", "broadcast"])
+@pytest.mark.parametrize("sum_output", [True, False])
+def test_skip_rmsnorm_bias_and_float32_sum(dtype, scale_dtype, cols, float32_sum, bias_kind, sum_output):
+    """s = (x + skip) + bias in float32; `sum` = round_T(s) bit for bit; Y normalizes round_T(s) or, with
+    normalize_float32_sum = 1, s itself. Skips small against x, so that rounding the sum changes many outputs;
+    rows of 40000 run the two-pass kernel, 4095 the scalar fallback."""
+    rng = np.random.default_rng(cols + 10 * float32_sum)
+    dtype = np.dtype(dtype)
+    shape = [3, 2, cols]
+    x, skip = _random(rng, shape, dtype), _random(rng, shape, dtype, mean=0.0, sigma=1 / 64)
+    scale = rng.uniform(-2, 2, [cols]).astype(np.float32).astype(scale_dtype)
+    bias = None if bias_kind == "none" else _random(rng, [1] if bias_kind == "broadcast" else [cols], dtype)
+    model = _model("SkipRMSNorm", shape, dtype, scale=scale, sum_output=sum_output, epsilon=1e-6,
+                   normalize_float32_sum=float32_sum, bias=bias if bias_kind in ("constant", "broadcast") else None,
+                   bias_shape=[cols] if bias_kind == "input" else None)
+    feeds = {"x": x, "skip": skip, **({"bias": bias} if bias_kind == "input" else {})}
+    outputs = runtime.run(_session(model), feeds)
+    want, h = _reference(x, skip, scale.astype(np.float64), -1, 1e-6, False, bias=bias, float32_sum=bool(float32_sum))
+    _assert_close(outputs[0], want)
+    if sum_output:
+        assert np.array_equal(outputs[1].view(np.uint8), h.view(np.uint8)), "sum must be round_T(s) exactly"
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, BFLOAT16], ids=lambda t: np.dtype(t).name)
