@@ -54,8 +54,18 @@ class TypeTable:
             return None, None
         if self._symbolic is None:
             self._symbolic = self.symbolic()
-        shapes, why = self._symbolic
-        return shapes.get(self._aliases.get(value, value)), why
+        facts, why = self._symbolic
+        return facts.get(self._aliases.get(value, value), (None, None))[1], why
+
+    def _second_opinion(self, value: ir.Value) -> tuple[ir.DataType | None, ir.Shape | None]:
+        """What symbolic shape inference knows of a value ONNX's inference knows nothing of: it also knows
+        onnxruntime's contrib ops (SkipSimplifiedLayerNormalization, GroupQueryAttention, MatMulNBits, ...), past
+        which ONNX's inference cannot see."""
+        if self.symbolic is None:
+            return None, None
+        if self._symbolic is None:
+            self._symbolic = self.symbolic()
+        return self._symbolic[0].get(self._aliases.get(value, value), (None, None))
 
     def dtype(self, value: ir.Value) -> ir.DataType | None:
         if value.const_value is not None:
@@ -66,7 +76,9 @@ class TypeTable:
         inferred = self._inferred.get(value)
         if inferred is not None and inferred[0] is not None:
             return inferred[0]
-        return value.dtype
+        if value.dtype is not None:
+            return value.dtype
+        return self._second_opinion(value)[0]
 
     def shape(self, value: ir.Value) -> ir.Shape | None:
         if value.const_value is not None:
@@ -76,7 +88,7 @@ class TypeTable:
             return inferred[1]
         if value.shape is None:
             tensor = constant_tensor(value)
-            return ir.Shape(tensor.shape) if tensor is not None else None
+            return ir.Shape(tensor.shape) if tensor is not None else self._second_opinion(value)[1]
         return value.shape
 
 
@@ -183,8 +195,9 @@ def infer_types(model: ir.Model) -> TypeTable:
 
 
 def _symbolic_shapes(proto: onnx.ModelProto, values: Mapping[str, ir.Value]) -> tuple[dict, str | None]:
-    """The main graph's shapes as onnxruntime's symbolic shape inference finds them (it follows dims through Shape,
-    Gather, Concat and Reshape arithmetic, where ONNX's invents new symbols), and why there are none if so."""
+    """The main graph's types and shapes as onnxruntime's symbolic shape inference finds them (it follows dims through
+    Shape, Gather, Concat and Reshape arithmetic, where ONNX's invents new symbols, and knows onnxruntime's contrib
+    ops), and why there are none if so."""
     try:
         from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
     except ImportError as error:
@@ -198,7 +211,7 @@ def _symbolic_shapes(proto: onnx.ModelProto, values: Mapping[str, ir.Value]) -> 
     for info in (*inferred.graph.value_info, *inferred.graph.output, *inferred.graph.input):
         value = values.get(info.name)
         if value is not None and info.type.HasField("tensor_type"):
-            shapes[value] = _type_and_shape(info.type.tensor_type)[1]
+            shapes[value] = _type_and_shape(info.type.tensor_type)
     return shapes, None
 
 

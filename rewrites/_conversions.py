@@ -145,8 +145,13 @@ class SkipNormOpConversion(pattern.RewriteRuleClassBase):
         )
         return normed, total
 
-    def check(self, context, x, skip, gamma, normed, bias=None, total=None, **_):
+    def check(self, context, x, skip, gamma, normed, bias=None, **_):
         node = normed.producer()
+        has_sum = len(node.outputs) >= 4 and bool(node.outputs[3].uses() or node.outputs[3].is_graph_output())
+        if self._with_sum != has_sum:
+            # Each node is the other instance's (onnxscript's matcher of several outputs can also bind a node that
+            # lacks the later ones).
+            return pattern.MatchResult().fail("the sum output is the other rule's")
         try:
             spec = self._analyze(node, x, skip, gamma, bias)
             self._spec = self._session.target.adapt(spec, context.graph_or_function, context.model, self._session.types)
@@ -159,7 +164,7 @@ class SkipNormOpConversion(pattern.RewriteRuleClassBase):
     def _analyze(self, node: ir.Node, x: ir.Value, skip: ir.Value, gamma: ir.Value, bias: ir.Value | None):
         types = self._session.types
         what = f"{SKIP_NORM_OP} {label(node)}"
-        statistics = node.outputs[1:3] if self._with_sum else node.outputs[1:]
+        statistics = node.outputs[1:3]
         if any(value.uses() or value.is_graph_output() for value in statistics):
             raise NotFusable(f"{what}: its mean or inv_std_var output is in use (the fused ops have none)", node)
         x_dtype = types.dtype(x)
