@@ -127,7 +127,7 @@ def run_folder_verification(original: Path, fused: Path, inputs: VerificationInp
     from .folders import verify_folder
 
     result = verify_folder(original, fused, dims=inputs.dims, inputs=inputs.arrays, seed=args.seed,
-                           optimization=args.optimization, progress=Progress(getattr(args, "quiet", False)).stage)
+                           optimization=args.optimization, progress=Progress(args.quiet).stage)
     print(result.describe())
     return EXIT_OK if result.ok else EXIT_MISMATCH
 
@@ -204,10 +204,10 @@ def run_fuse_folder(args: argparse.Namespace, verification_inputs: VerificationI
     from . import folders, model_io
 
     if args.report is not None:
-        model_io.check_output_path(args.report, [], external_data=False)
         for folder in (args.source, args.destination):
             if folders.inside(args.report.resolve(), folder.resolve()):
                 raise UsageError(f"--report {args.report}: may not be inside the input or output folder {folder}")
+        model_io.check_output_path(args.report, [], external_data=False)
     progress = Progress(args.quiet)
     report = folders.fuse_folder(args.source, args.destination, args.target, replace=args.replace,
                                  allow_opset_upgrade=args.convert_opset, progress=progress.stage,
@@ -230,6 +230,7 @@ def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the original model (ORIGINAL.onnx), or the original folder")
     parser.add_argument("fused", type=Path, metavar="FUSED",
                         help="the fused model, or the folder `fuse` wrote: each of its models is compared")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr (folders)")
     add_verify_input_arguments(parser)
 
 

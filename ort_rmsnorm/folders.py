@@ -314,7 +314,10 @@ def fuse_folder(
         for index, component in enumerate(layout.components, 1):
             model = models.pop(component.path)
             say(f"[{index}/{len(layout.components)}] fusing {component.path} (target {target})")
-            fusion_report = fuse_model(model, target, allow_opset_upgrade=allow_opset_upgrade)
+            try:
+                fusion_report = fuse_model(model, target, allow_opset_upgrade=allow_opset_upgrade)
+            except ValueError as error:  # onnx's version converter refusing the model
+                raise FolderError(f"{source / component.path}: {model_io.one_line(error)}") from None
             say(f"[{index}/{len(layout.components)}] writing {component.path}: {len(fusion_report.fusions)} fused, "
                 f"{len(fusion_report.skipped)} skipped")
             output = staging / component.path
@@ -508,20 +511,29 @@ def _symbolic_dims(model: ir.Model) -> dict[str, list[str]]:
 
 
 def _genai_default_dims(layout: Layout, component: Component, inputs: Mapping[str, list[str]]) -> dict[str, int]:
-    """The size of the past key/value inputs' last dim (the head size) from a genai config, which verify's generic
-    defaults cannot guess."""
+    """Sizes a genai decoder needs that verify's generic defaults cannot guess, from the config: the past key/value
+    inputs' head dim (``head_size``) and, for the layers of a sliding window, their past length (``window_size``:
+    the cache of such a layer is a ring of that many positions, and onnxruntime refuses a shorter one)."""
     if layout.config is None or DECODER_KEY not in component.config_keys:
         return {}
     decoder = layout.config["model"]["decoder"]
-    head_size = decoder.get("head_size")
-    if not isinstance(head_size, int):
-        return {}
     names = decoder.get("inputs", {})
-    patterns = [re.escape(names.get(key, default)).replace("%d", r"\d+")
+    patterns = [re.escape(names.get(key, default)).replace("%d", r"(\d+)")
                 for key, default in (("past_key_names", "past_key_values.%d.key"),
                                      ("past_value_names", "past_key_values.%d.value"))]
-    return {dims[-1]: head_size for name, dims in inputs.items()
-            if dims and dims[-1] and any(re.fullmatch(pattern, name) for pattern in patterns)}
+    window = decoder.get("sliding_window") or {}
+    sliding = window.get("layers")
+    dims = {}
+    for name, shape in inputs.items():
+        match = next(filter(None, (re.fullmatch(pattern, name) for pattern in patterns)), None)
+        if match is None or len(shape) != 4:
+            continue
+        if shape[3] and isinstance(decoder.get("head_size"), int):
+            dims[shape[3]] = decoder["head_size"]
+        if (shape[2] and isinstance(window.get("window_size"), int)
+                and (sliding is None or int(match.group(1)) in sliding)):
+            dims[shape[2]] = window["window_size"]
+    return dims
 
 
 def verify_folder(
@@ -590,8 +602,9 @@ def _library_problems(layout: Layout, fused: Path) -> list[str]:
     fused_layout = Layout(KIND_GENAI, fused, layout.components, config)
     problems = []
     for component in layout.components:
-        if not _uses_domain(model_io.load_model(fused / component.path), OP_DOMAIN):
-            continue
+        path = fused / component.path
+        if not path.is_file() or not _uses_domain(model_io.load_model(path), OP_DOMAIN):
+            continue  # a missing model is the pair's problem
         for key in component.config_keys:
             try:
                 options_key = fused_layout.session_options_key(key)
