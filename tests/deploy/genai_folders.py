@@ -173,6 +173,11 @@ def teacher_forced_logits(model_path: Path, folder_config: dict, tokens: Sequenc
     options.log_severity_level = 3
     session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
     decoder = folder_config["model"]["decoder"]
+    # GroupQueryAttention keeps a sliding-window layer's cache as a ring of window_size positions (MultiHeadAttention,
+    # of the fp16 CPU builds, masks instead).
+    ring = any(node.op_type == "GroupQueryAttention"
+               for node in onnx.load(str(model_path), load_external_data=False).graph.node)
+    window = (decoder.get("sliding_window") or {}) if ring else {}
     count = len(tokens)
     feeds = {}
     for node_arg in session.get_inputs():
@@ -182,13 +187,15 @@ def teacher_forced_logits(model_path: Path, folder_config: dict, tokens: Sequenc
             feeds[node_arg.name] = np.ones((1, count), np.int64)
         elif node_arg.name == "position_ids":
             feeds[node_arg.name] = np.arange(count, dtype=np.int64)[None]
-        elif node_arg.name.startswith("past_key_values"):
+        elif node_arg.name.startswith("past_key_values."):
+            # Empty, except a ring cache, which onnxruntime wants window_size long.
+            layer = int(node_arg.name.split(".")[1])
+            past = window["window_size"] if window and layer in window.get("layers", [layer]) else 0
             dtype = np.float16 if node_arg.type == "tensor(float16)" else np.float32
-            feeds[node_arg.name] = np.zeros((1, decoder["num_key_value_heads"], 0, decoder["head_size"]), dtype)
+            feeds[node_arg.name] = np.zeros((1, decoder["num_key_value_heads"], past, decoder["head_size"]), dtype)
         else:
             raise ValueError(f"{model_path}: input {node_arg.name} is not one the builder writes")
-    logits = session.run(["logits"], feeds)[0]
-    return logits[0].astype(np.float32)
+    return session.run(["logits"], feeds)[0][0]
 
 
 def norm_ops(model_path: Path) -> dict[str, int]:

@@ -8,7 +8,10 @@ and transformers its builder needs). benchmarks/genai_e2e.py runs every architec
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -66,3 +69,21 @@ def test_library_outside_the_folder_is_refused(genai_builds, tmp_path):
     (fused / "genai_config.json").write_text(json.dumps(config))
     with pytest.raises(Exception, match="not within an allowed directory"):
         og.Model(str(fused))
+
+
+def test_benchmark_runs(genai_builds, tmp_path, monkeypatch):
+    """benchmarks/genai_e2e.py end to end in its smallest form (what it measures is not checked here)."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "genai_e2e.py"
+    spec = importlib.util.spec_from_file_location("genai_e2e", path)
+    benchmark = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, benchmark)  # its dataclasses look their module up there
+    spec.loader.exec_module(benchmark)
+    status = benchmark.main(["--small", "--architectures", "llama", "--precisions", "fp32,fp16-cpu", "--rounds", "1",
+                             "--prompt", "8", "--new-tokens", "4", "--out", str(tmp_path / "out")])
+    assert status == 0
+    result = json.loads((tmp_path / "out" / "genai_e2e.json").read_text())
+    fp32, fp16 = result["cases"]
+    assert fp32["tokens_identical"] and fp32["teacher_forced"]["fused"]["within_tolerance"]
+    assert set(fp32["speedup"]) == {"prefill_tokens_per_s", "decode_tokens_per_s"}
+    assert fp16["teacher_forced"]["fused"]["within_tolerance"]  # whether genai runs it or not
+    assert "| llama | fp32 |" in (tmp_path / "out" / "genai_e2e.md").read_text()
