@@ -153,7 +153,7 @@ def run_case(architecture: str, precision: str, hf_folder: Path, work: Path, arg
         tokens = {name: _timed_generation(model, prompt, args.new_tokens, max_length)[2]
                   for name, model in models.items()}
     except Exception as error:  # genai itself failing on the build (fp16 on CPU): recorded, not raised
-        case["error"] = " ".join(str(error).split())[:600]
+        case["error"] = " ".join(str(error).split())
         tokens = None
     # Teacher-forced: the prompt and the original's tokens (or, where genai fails, the prompt twice).
     sequence = prompt + (tokens["original"] if tokens else prompt)
