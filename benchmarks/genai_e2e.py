@@ -130,7 +130,8 @@ def _matched(first: list[int], second: list[int]) -> int:
 
 
 def run_case(architecture: str, precision: str, hf_folder: Path, work: Path, args) -> dict:
-    case = {"architecture": architecture, "precision": precision, "builder_options": genai_folders.PRECISIONS[precision]}
+    case = {"architecture": architecture, "precision": precision,
+            "builder_options": genai_folders.PRECISIONS[precision]}
     original = genai_folders.build_genai_folder(hf_folder, work / f"{architecture}-{precision}", precision,
                                                 work / "builder-cache")
     fused = work / f"{architecture}-{precision}-fused"
@@ -293,9 +294,10 @@ def main(argv=None) -> int:
             for precision in args.precisions.split(","):
                 print(f"genai_e2e: {architecture} {precision}", file=sys.stderr, flush=True)
                 case = run_case(architecture, precision, hf_folder, work, args)
-                print(f"genai_e2e:   {_verdict(case)}" + (f"; speed-up prefill {case['speedup']['prefill_tokens_per_s']:.2f}x"
-                      f", decode {case['speedup']['decode_tokens_per_s']:.2f}x" if "speedup" in case else ""),
-                      file=sys.stderr, flush=True)
+                speedup = case.get("speedup")
+                speed = (f"; speed-up prefill {speedup['prefill_tokens_per_s']:.2f}x, decode "
+                         f"{speedup['decode_tokens_per_s']:.2f}x" if speedup else "")
+                print(f"genai_e2e:   {_verdict(case)}{speed}", file=sys.stderr, flush=True)
                 result["cases"].append(case)
     finally:
         if work_context:

@@ -389,7 +389,9 @@ def _write_genai_config(layout: Layout, report: FolderReport, staging: Path) -> 
         except (KeyError, IndexError, TypeError):
             raise FolderError(f"{layout.root / GENAI_CONFIG}: has no {section_key} section, whose session options "
                               "onnxruntime-genai would use for the fused models") from None
-        options = section.setdefault(SESSION_OPTIONS, {})
+        options = section.get(SESSION_OPTIONS)
+        if not isinstance(options, dict):  # absent (or null): genai then uses defaults, which this extends
+            options = section[SESSION_OPTIONS] = {}
         present = options.get(LIBRARY_KEY)
         if present == report.library:
             continue
