@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -263,14 +264,20 @@ def test_replace_without_exchange(onnx_folder, tmp_path, monkeypatch):
     assert _leftovers(tmp_path) == []
 
 
-@pytest.mark.parametrize("where", ["same", "inside", "parent"])
+@pytest.mark.parametrize("where", ["same", "inside", "parent", "same, spelled with .."])
 def test_output_may_not_touch_the_input(onnx_folder, where):
-    out = {"same": onnx_folder, "inside": onnx_folder / "fused", "parent": onnx_folder.parent}[where]
+    out = {"same": onnx_folder, "inside": onnx_folder / "fused", "parent": onnx_folder.parent,
+           "same, spelled with ..": onnx_folder / "onnx" / ".."}[where]
     before = tree_digest(onnx_folder)
-    result = run_cli("fuse", onnx_folder, out, "--replace")
-    assert result.returncode == 2
-    assert "input folder" in result.stderr, result.stderr
+    with pytest.raises(folders.FolderError, match="input folder"):
+        folders.fuse_folder(onnx_folder, out, replace=True)
     assert tree_digest(onnx_folder) == before
+
+
+def test_output_may_not_touch_the_input_on_the_command_line(onnx_folder):
+    result = run_cli("fuse", onnx_folder, onnx_folder / "fused")
+    assert result.returncode == 2 and "may not be the input folder" in result.stderr
+    assert not (onnx_folder / "fused").exists()
 
 
 def test_report_may_not_go_into_the_folders(onnx_folder, tmp_path):
@@ -306,11 +313,17 @@ def _genai_folder_with(tmp_path: Path, config_text: str) -> Path:
 ])
 def test_bad_genai_config(tmp_path, config_text, message):
     folder = _genai_folder_with(tmp_path, config_text)
+    with pytest.raises(folders.FolderError, match=re.escape(message)):
+        folders.fuse_folder(folder, tmp_path / "out")
+    assert not (tmp_path / "out").exists() and _leftovers(tmp_path) == []
+
+
+def test_bad_genai_config_on_the_command_line(tmp_path):
+    folder = _genai_folder_with(tmp_path, '{"model": {"decoder": {"filename": "missing.onnx"}}}')
     result = run_cli("fuse", folder, tmp_path / "out")
     assert result.returncode == 2
-    assert message in result.stderr, result.stderr
-    assert result.stderr.count("\n") == 1  # one line
-    assert not (tmp_path / "out").exists()
+    assert result.stderr.startswith("ort-rmsnorm fuse: error: ") and result.stderr.count("\n") == 1, result.stderr
+    assert "missing.onnx" in result.stderr
 
 
 def test_unknown_layout(tmp_path):
