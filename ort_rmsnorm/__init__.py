@@ -3,6 +3,8 @@
 - :func:`session_options` / :func:`get_library_path`: load the ``ort_rmsnorm`` custom-op library
   (ops ``RMSNorm`` and ``SkipRMSNorm``, domain ``ort_rmsnorm``, version 1) into onnxruntime.
 - :func:`fuse`: the graph pass that replaces decomposed RMSNorm subgraphs with the fused op.
+- :func:`fuse_folder` / :func:`verify_folder`: the same for every model of an onnxruntime-genai folder or a folder
+  of ``.onnx`` files, and the check of the result.
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ __all__ = [
     "OP_VERSION",
     "build_info",
     "fuse",
+    "fuse_folder",
     "get_library_path",
     "has_cuda",
     "register",
     "session_options",
+    "verify_folder",
 ]
 
 
@@ -30,4 +34,8 @@ def __getattr__(name: str):
         from .fusion import fuse
 
         return fuse
+    if name in ("fuse_folder", "verify_folder"):
+        from . import folders
+
+        return getattr(folders, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

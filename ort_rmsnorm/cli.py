@@ -113,6 +113,8 @@ def read_verification_inputs(args: argparse.Namespace) -> VerificationInputs:
 def run_verification(original: Path, fused: Path, inputs: VerificationInputs, args: argparse.Namespace) -> int:
     from . import verify
 
+    if original.is_dir():
+        return run_folder_verification(original, fused, inputs, args)
     try:
         result = verify.verify(original, fused, dims=inputs.dims, inputs=inputs.arrays, seed=args.seed,
                                optimization=args.optimization)
@@ -123,19 +125,34 @@ def run_verification(original: Path, fused: Path, inputs: VerificationInputs, ar
     return EXIT_OK if result.ok else EXIT_MISMATCH
 
 
+def run_folder_verification(original: Path, fused: Path, inputs: VerificationInputs, args: argparse.Namespace) -> int:
+    from .folders import verify_folder
+
+    result = verify_folder(original, fused, dims=inputs.dims, inputs=inputs.arrays, seed=args.seed,
+                           optimization=args.optimization, progress=Progress(args.quiet).stage)
+    print(result.describe())
+    return EXIT_OK if result.ok else EXIT_MISMATCH
+
+
 # --- fuse ---------------------------------------------------------------------------------------------------------
 
 
 def add_fuse_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("source", type=Path, metavar="IN.onnx", help="model to fuse (never modified)")
-    parser.add_argument("destination", type=Path, metavar="OUT.onnx",
-                        help="fused model, written atomically; external data goes to OUT.onnx.data")
+    parser.add_argument("source", type=Path, metavar="IN",
+                        help="model to fuse (IN.onnx), or a folder of models: an onnxruntime-genai folder or any "
+                             "folder of .onnx files (never modified)")
+    parser.add_argument("destination", type=Path, metavar="OUT",
+                        help="fused model, written atomically, external data going to OUT.onnx.data; for a folder, "
+                             "the output folder, written atomically, which must not exist or be empty")
     parser.add_argument("--target", choices=TARGETS, default=DEFAULT_TARGET,
                         help="custom: ort_rmsnorm.RMSNorm/SkipRMSNorm (default); onnx: RMSNormalization (opset 23); "
                              "ort: onnxruntime's SimplifiedLayerNormalization")
     parser.add_argument("--convert-opset", action="store_true",
                         help="with --target onnx: convert a model below opset 23 to opset 23")
-    parser.add_argument("--report", type=Path, metavar="REPORT.json", help="write the fusion report as JSON")
+    parser.add_argument("--report", type=Path, metavar="REPORT.json",
+                        help="write the fusion report as JSON (for a folder: one report, per model)")
+    parser.add_argument("--replace", action="store_true",
+                        help="for a folder: replace an existing non-empty output folder as a whole")
     parser.add_argument("--verify", action="store_true",
                         help="then run IN and OUT on the same inputs and compare (as `verify`)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
@@ -148,6 +165,10 @@ def run_fuse(args: argparse.Namespace) -> int:
     if not args.verify and (args.dim or args.inputs):
         raise UsageError("--dim and --input only set the inputs of --verify: add --verify, or leave them out")
     verification_inputs = read_verification_inputs(args) if args.verify else None
+    if args.source.is_dir():
+        return run_fuse_folder(args, verification_inputs)
+    if args.replace:
+        raise UsageError("--replace is for folders (IN is a folder); an existing OUT.onnx is replaced anyway")
     model_io.refuse_overwriting(args.destination, [args.source], "the input")
     progress = Progress(args.quiet)
     progress.stage(f"loading {args.source}")
@@ -183,12 +204,37 @@ def run_fuse(args: argparse.Namespace) -> int:
     return run_verification(args.source, args.destination, verification_inputs, args)
 
 
+def run_fuse_folder(args: argparse.Namespace, verification_inputs: VerificationInputs | None) -> int:
+    from . import folders, model_io
+
+    if args.report is not None:
+        for folder in (args.source, args.destination):
+            if folders.inside(args.report.resolve(), folder.resolve()):
+                raise UsageError(f"--report {args.report}: may not be inside the input or output folder {folder}")
+        model_io.check_output_path(args.report, [], external_data=False)
+    progress = Progress(args.quiet)
+    report = folders.fuse_folder(args.source, args.destination, args.target, replace=args.replace,
+                                 allow_opset_upgrade=args.convert_opset, progress=progress.stage,
+                                 on_tensor_written=progress.tensors_written)
+    if args.report is not None:
+        model_io.write_text_atomically(args.report, report.to_json())
+    print(report.summary())
+    print(f"wrote {args.destination}" + (f", report {args.report}" if args.report is not None else ""))
+    if not args.verify:
+        return EXIT_OK
+    progress.stage(f"verifying {args.destination} against {args.source}")
+    return run_folder_verification(args.source, args.destination, verification_inputs, args)
+
+
 # --- verify -------------------------------------------------------------------------------------------------------
 
 
 def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("original", type=Path, metavar="ORIGINAL.onnx")
-    parser.add_argument("fused", type=Path, metavar="FUSED.onnx")
+    parser.add_argument("original", type=Path, metavar="ORIGINAL",
+                        help="the original model (ORIGINAL.onnx), or the original folder")
+    parser.add_argument("fused", type=Path, metavar="FUSED",
+                        help="the fused model, or the folder `fuse` wrote: each of its models is compared")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr (folders)")
     add_verify_input_arguments(parser)
 
 

@@ -85,9 +85,10 @@ def test_missing_input(cli, tmp_path):
 
 
 def test_directory_as_input(cli, tmp_path):
+    """A directory is a model folder (docs/cli.md, "Folders"); one without models is a layout fuse does not know."""
     (tmp_path / "folder.onnx").mkdir()
     result = cli("fuse", tmp_path / "folder.onnx", tmp_path / "out.onnx")
-    _assert_clean_failure(result, expected=["folder.onnx", "not a regular file"], directory=tmp_path,
+    _assert_clean_failure(result, expected=["folder.onnx", "no layout this command knows"], directory=tmp_path,
                           before={"folder.onnx"})
 
 
@@ -188,7 +189,7 @@ def test_unwritable_report_path_is_refused_before_the_model_is_written(cli, smal
 @pytest.mark.parametrize(
     "arguments, message",
     [
-        (["fuse", "in.onnx"], "ort-rmsnorm fuse: error: the following arguments are required: OUT.onnx"),
+        (["fuse", "in.onnx"], "ort-rmsnorm fuse: error: the following arguments are required: OUT"),
         (["fuse", "in.onnx", "o.onnx", "--target", "nope"], "argument --target: invalid choice: 'nope'"),
         (["frobnicate"], "ort-rmsnorm: error: argument COMMAND: invalid choice: 'frobnicate'"),
         (["fuse", "in.onnx", "o.onnx", "--verify", "--dim", "batch"], "--dim 'batch': expected NAME=VALUE"),
