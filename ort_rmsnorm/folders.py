@@ -42,7 +42,8 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 import onnx_ir as ir
 
-from . import OP_DOMAIN, model_io, verify
+from . import model_io, verify
+from .contract import OP_DOMAIN
 from ._library import get_library_path
 from .fusion import FusionReport, fuse_model
 from .model_io import ModelFileError

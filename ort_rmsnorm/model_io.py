@@ -74,7 +74,7 @@ def _read_checked_proto(path: Path, notes: list[str] | None = None) -> onnx.Mode
     try:
         _run_checker(path, proto)
     except onnx.checker.ValidationError as error:
-        if _UNSORTED not in str(error):
+        if _UNSORTED not in str(error) or not _every_input_produced(proto):
             raise ModelFileError(f"{path}: invalid ONNX model: {one_line(error)}") from None
         proto = _sorted(path, proto, error)
         if notes is not None:
@@ -86,6 +86,14 @@ def _read_checked_proto(path: Path, notes: list[str] | None = None) -> onnx.Mode
 
 
 _UNSORTED = "must be topologically sorted"
+
+
+def _every_input_produced(proto: onnx.ModelProto) -> bool:
+    """Whether every value a node of the main graph or its subgraphs reads is defined somewhere in them (so that an
+    unsorted graph can be sorted; a value that nothing defines is another error)."""
+    defined = {value.name for graph in _graphs(proto.graph) for value in (*graph.input, *graph.initializer)}
+    defined |= {output for graph in _graphs(proto.graph) for node in graph.node for output in node.output}
+    return all(name in defined for graph in _graphs(proto.graph) for node in graph.node for name in node.input if name)
 
 
 def _sorted(path: Path, proto: onnx.ModelProto, error: Exception) -> onnx.ModelProto:
