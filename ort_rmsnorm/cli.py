@@ -246,8 +246,11 @@ def run_info(args: argparse.Namespace) -> int:
 
     print(f"ort-rmsnorm {__version__}")
     print(f"library: {get_library_path()}")
-    for key, value in build_info().items():
+    info = build_info()
+    for key, value in info.items():
         print(f"  {key}: {value}")
+    if info.get("version") != __version__:
+        print(f"  (this library was built as version {info.get('version')}, not the package's {__version__})")
     print(f"onnxruntime {onnxruntime.__version__} (providers: {', '.join(onnxruntime.get_available_providers())})")
     for package in ("onnx", "onnxscript", "onnx-ir", "numpy", "torch"):
         try:
