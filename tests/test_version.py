@@ -76,26 +76,28 @@ def test_installed_version_is_pyproject_version():
     assert ort_rmsnorm.__version__ == _pyproject_version()
 
 
+def _cmake_script() -> list[str]:
+    """The command that runs cmake/version.cmake as a script; skips without cmake or the source tree."""
+    cmake, script = shutil.which("cmake"), SOURCE_ROOT / "cmake" / "version.cmake"
+    if cmake is None or not script.is_file():
+        pytest.skip("needs cmake on PATH and the source tree's cmake/version.cmake")
+    return [cmake, "-P", str(script)]
+
+
 def test_cmake_reads_pyproject_version():
     """The standalone CMake build (no scikit-build) reads the version from pyproject.toml by itself."""
     expected = _pyproject_version()
-    cmake = shutil.which("cmake")
-    if cmake is None:
-        pytest.skip("no cmake on PATH")
-    result = subprocess.run([cmake, f"-DPYPROJECT={PYPROJECT}", "-P", str(SOURCE_ROOT / "cmake" / "version.cmake")],
-                            capture_output=True, text=True)
+    command = _cmake_script()
+    result = subprocess.run(command[:1] + [f"-DPYPROJECT={PYPROJECT}"] + command[1:], capture_output=True, text=True)
     assert result.returncode == 0, result
     assert result.stdout.strip() == expected
 
 
 def test_cmake_names_a_pyproject_without_version(tmp_path):
-    cmake = shutil.which("cmake")
-    if cmake is None or not (SOURCE_ROOT / "cmake" / "version.cmake").is_file():
-        pytest.skip("needs cmake and the source tree")
+    command = _cmake_script()
     pyproject = tmp_path / "pyproject.toml"
     pyproject.write_text('[tool.other]\nversion = "9.9"\n\n[project]\nname = "ort-rmsnorm"\n')
-    result = subprocess.run([cmake, f"-DPYPROJECT={pyproject}", "-P", str(SOURCE_ROOT / "cmake" / "version.cmake")],
-                            capture_output=True, text=True)
+    result = subprocess.run(command[:1] + [f"-DPYPROJECT={pyproject}"] + command[1:], capture_output=True, text=True)
     assert result.returncode != 0
     message = " ".join(result.stderr.split())  # CMake wraps its messages
     assert f"no `version = \"...\"` in the [project] table of {pyproject}" in message
