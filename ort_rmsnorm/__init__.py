@@ -9,10 +9,8 @@
 
 from __future__ import annotations
 
-from ._library import build_info, get_library_path, has_cuda, register, session_options
+from ._library import build_info, get_library_path, has_cuda, package_version, register, session_options
 from .contract import OP_DOMAIN, OP_VERSION
-
-__version__ = "0.1.0"
 
 __all__ = [
     "OP_DOMAIN",
@@ -29,7 +27,11 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    # The fusion pass imports onnx, onnx_ir and onnxscript: loaded on first use, so `import ort_rmsnorm` stays cheap.
+    # The fusion pass imports onnx, onnx_ir and onnxscript, and the metadata lookup scans sys.path: both on first
+    # use, so `import ort_rmsnorm` stays cheap.
+    if name == "__version__":
+        version = globals()["__version__"] = package_version()
+        return version
     if name == "fuse":
         from .fusion import fuse
 

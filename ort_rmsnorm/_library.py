@@ -55,13 +55,15 @@ def build_info() -> dict:
 
 
 def package_version() -> str:
-    """The installed package's version (its one home is pyproject.toml)."""
+    """The package's version: pyproject.toml's, read from the installed distribution's metadata, which every kind of
+    install (wheel, ``pip install .``, editable) writes. ``build_info()["version"]`` is the loaded library's, and
+    ``$ORT_RMSNORM_LIBRARY`` may point at another build, so it describes the library, not this package."""
     import importlib.metadata
 
     try:
         return importlib.metadata.version("ort-rmsnorm")
-    except importlib.metadata.PackageNotFoundError:  # run from a source tree that is not installed
-        return str(build_info().get("version", "unknown"))
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"  # a source tree that was never installed (it has no library either)
 
 
 def has_cuda() -> bool:

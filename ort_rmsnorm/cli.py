@@ -294,10 +294,14 @@ def run_info(args: argparse.Namespace) -> int:
 
     from ._library import build_info, get_library_path, package_version
 
-    print(f"ort-rmsnorm {package_version()}")
+    version = package_version()
+    print(f"ort-rmsnorm {version}")
     print(f"library: {get_library_path()}")
-    for key, value in build_info().items():
+    info = build_info()
+    for key, value in info.items():
         print(f"  {key}: {value}")
+    if info.get("version") != version:
+        print(f"  (this library was built as version {info.get('version')}, not the package's {version})")
     print(f"onnxruntime {onnxruntime.__version__} (providers: {', '.join(onnxruntime.get_available_providers())})")
     for package in ("onnx", "onnxscript", "onnx-ir", "numpy", "torch"):
         try:
