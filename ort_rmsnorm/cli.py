@@ -186,7 +186,10 @@ def run_fuse(args: argparse.Namespace) -> int:
     progress.stage(f"fusing (target {args.target})")
     from .fusion import fuse_model  # imports onnxscript: after the input checks, which fail fast without it
 
-    report = fuse_model(model, args.target, allow_opset_upgrade=args.convert_opset)
+    try:
+        report = fuse_model(model, args.target, allow_opset_upgrade=args.convert_opset)
+    except ValueError as error:  # onnx's version converter refusing the model (--convert-opset)
+        raise model_io.ModelFileError(f"{args.source}: {model_io.one_line(error)}") from None
     report.notes[:0] = notes
     progress.stage(f"writing {args.destination}")
     data_file = model_io.save_model(model, args.destination, protected=protected,

@@ -6,6 +6,7 @@ import os
 import random
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
@@ -202,3 +203,19 @@ def test_usage_errors_exit_2_with_one_line(cli, tmp_path, arguments, message):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], result.stderr
     assert not (tmp_path / "o.onnx").exists()
+
+
+def test_opset_conversion_refused_by_onnx_is_one_line(cli, tmp_path):
+    """onnx's version converter knows no onnxruntime op in the default domain: --convert-opset says so, naming the
+    file, instead of a traceback."""
+    from onnx import numpy_helper
+
+    gamma = numpy_helper.from_array(np.ones(8, np.float32), "gamma")
+    node = helper.make_node("SimplifiedLayerNormalization", ["x", "gamma"], ["y"], axis=-1, epsilon=1e-5)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])], [gamma])
+    path = tmp_path / "sln.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+    result = cli("fuse", path, tmp_path / "out.onnx", "--target", "onnx", "--convert-opset", "--quiet")
+    _assert_clean_failure(result, expected=[f"{path}: onnx's version converter could not convert"],
+                          directory=tmp_path, before={"sln.onnx"})
