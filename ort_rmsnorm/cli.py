@@ -261,18 +261,18 @@ def run_info(args: argparse.Namespace) -> int:
 # --- the parser ---------------------------------------------------------------------------------------------------
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
-    from .bench import add_bench_arguments as add
+    from .bench.arguments import add_bench_arguments as add  # imports neither torch nor onnxscript
 
     add(parser)
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    """Checks the optional dependencies a run needs before it starts (a full run takes minutes)."""
-    from . import bench, demo
+    """Checks what a run needs before it starts (a full run takes minutes)."""
+    from .bench import command, plots
 
-    if args.e2e and not demo.torch_available():
-        raise UsageError("--e2e exports its model with torch, which is not installed (pip install torch)")
-    if not args.e2e and args.plot != "none" and not bench.can_plot():
+    if (problem := command.problem(args)) is not None:
+        raise UsageError(problem)
+    if not args.e2e and args.plot != "none" and not plots.can_plot():
         if args.plot is not None:
             raise UsageError(f"--plot {args.plot}: matplotlib is not installed (pip install matplotlib), "
                              "or --plot none")
@@ -283,7 +283,7 @@ def run_bench(args: argparse.Namespace) -> int:
         _make_directory("--e2e-keep", Path(args.e2e_keep))
     if not args.e2e and args.plot not in (None, "none"):
         _make_directory("--plot", Path(args.plot).parent)
-    return bench.run_bench(args)
+    return command.run_bench(args)
 
 
 def _make_directory(option: str, directory: Path) -> None:

@@ -18,7 +18,7 @@ from typing import Mapping, Sequence
 import torch
 from torch import nn
 
-from .demo import LlamaConfig
+from .llama import LlamaConfig
 
 EXPORTERS = ("torchscript", "dynamo")
 # The opset each exporter is used at: TorchScript's last well-supported opset, and the dynamo exporter's default.
