@@ -1,6 +1,6 @@
-"""Smoke tests of the benchmark harness (the ort_rmsnorm.bench package) in a tiny configuration. No timing is asserted: only
-that every contender runs (or is reported as unsupported with a reason), computes what it should, and that the
-table, JSON and plot come out."""
+"""Smoke tests of the benchmark harness (the ort_rmsnorm.bench package) in a tiny configuration. No timing is
+asserted: only that every contender runs (or is reported as unsupported with a reason), computes what it should,
+and that the table, JSON and plot come out."""
 
 import json
 import os
@@ -207,3 +207,69 @@ def test_end_to_end_reports_speed_and_norm_share():
         # The original's norms are found through the exporter's module names, the fused ones by op type.
         assert 0 < phase["original_norm_share"] < 1 and 0 < phase["fused_norm_share"] < 1
     assert "| float32 | decode (1 token) |" in e2e.markdown(report)
+
+
+def test_int4_model_shapes_keep_smollm_proportions():
+    from ort_rmsnorm.bench.e2e_int4 import model_shape
+
+    smollm = model_shape(576, 30, 49152)
+    assert (smollm.heads, smollm.kv_heads, smollm.intermediate, smollm.head_dim) == (9, 3, 1536, 64)
+    for hidden in (64, 100, 256, 1024, 2048):
+        shape = model_shape(hidden, 30, 49152)
+        assert hidden % shape.heads == 0 and shape.heads % shape.kv_heads == 0, shape
+        assert 3 * shape.kv_heads <= shape.heads or shape.kv_heads == 1, shape
+        assert shape.intermediate % 64 == 0 and abs(shape.intermediate - hidden * 8 / 3) <= 32, shape
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--e2e", "--e2e-hidden", "256,512"], "--e2e float measures one model: give --e2e-hidden one value"),
+    (["--e2e", "float", "--e2e-past", "8"], "--e2e-past, --e2e-asymmetric and --e2e-accuracy-level are options of"),
+    (["--e2e", "int4", "--e2e-dtypes", "float16"], "--e2e int4 runs float32 activations"),
+])
+def test_end_to_end_options_that_do_not_go_together(options, message, tmp_path, capsys):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    assert cli.main(["bench", *options, "--out", str(tmp_path / "results")]) == cli.EXIT_USAGE
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "results").exists()
+
+
+def test_int4_end_to_end_without_transformers_fails_before_measuring(tmp_path, uninstall, capsys):
+    uninstall("transformers")
+    assert cli.main(["bench", "--e2e", "int4", "--out", str(tmp_path / "results")]) == cli.EXIT_USAGE
+    assert ("--e2e int4 exports a transformers Llama with torch: transformers is not installed "
+            "(pip install transformers)") in capsys.readouterr().err
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.torch
+def test_int4_end_to_end_reports_speed_norm_share_and_neighbours(tmp_path):
+    """A two-layer transformers Llama through ``bench --e2e int4``: exported with its KV cache, int4, fused (every
+    norm the torch module runs), logits compared, timed, profiled; JSON and markdown written."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    out = tmp_path / "results"
+    assert cli.main(["bench", "--e2e", "int4", "--e2e-hidden", "64", "--e2e-layers", "2", "--e2e-vocab", "128",
+                     "--e2e-past", "3", "--e2e-prefill", "2", "--e2e-threads", "1", "--e2e-decode-runs", "2",
+                     "--e2e-prefill-runs", "1", "--e2e-profile-runs", "2", "--out", str(out)]) == 0
+    report = json.loads((out / "e2e-int4.json").read_text())
+    assert sorted(path.name for path in out.iterdir()) == ["e2e-int4.json", "e2e-int4.md"]
+    [model] = report["models"]
+    assert model["shape"]["hidden"] == 64 and model["shape"]["layers"] == 2
+    # Two norms per layer and the final one; all but the first after a residual add.
+    assert model["fusion"] == {"fused": {"ort_rmsnorm.RMSNorm": 1, "ort_rmsnorm.SkipRMSNorm": 4}, "skipped": 0,
+                               "skipped_reasons": {}}
+    # q, k, v, o, gate, up, down per layer and the LM head; attention's two products have no constant weight.
+    assert model["quantized"] == {"MatMulNBits": 15, "MatMul": 4}
+    for phase in ("decode", "prefill"):
+        check = model["check"][phase]
+        assert check["ok"] and check["max_abs"] <= 1e-4, check
+        profile = model["profile"][phase]
+        assert profile["fused"]["norm_nodes"] == 5
+        # Each decomposed norm is seven nodes (Pow, ReduceMean, Add, Sqrt, Reciprocal, Mul, Mul), plus four adds.
+        assert profile["original"]["norm_nodes"] == 5 * 7 + 4 == profile["replaced_nodes"]
+        assert 0 < profile["fused_share"] < 1 and 0 < profile["original_share"] < 1
+    assert {(t["threads"], t["phase"]) for t in model["timings"]} == {(1, "decode"), (1, "prefill")}
+    assert all(t["original_ms"] > 0 and t["fused_ms"] > 0 and t["clock"] == "thread_cpu" for t in model["timings"])
+    assert sum(model["neighbours"]["patterns"].values()) == 5
+    assert "| hidden 64, 2 layers |" in (out / "e2e-int4.md").read_text()

@@ -20,9 +20,10 @@ Modules, each importing only those above it in this list:
 - ``machine``: the machine a run ran on
 - ``tables``, ``plots``: the kernel benchmark's markdown and plot
 - ``plan``: what a kernel benchmark run measures, and the run
-- ``e2e_plan``: what the end-to-end run measures, with its defaults
+- ``e2e_plan``: what the end-to-end runs measure, with their defaults
 - ``arguments``: the command line's options (no torch, no onnxscript)
-- ``e2e``: ``--e2e``, a Llama-style model exported from torch in float32/float16
+- ``e2e``: ``--e2e float``, a Llama-style model exported from torch in float32/float16
+- ``e2e_int4``: ``--e2e int4``, int4 models of a transformers Llama with a KV cache
 - ``command``: what ``ort-rmsnorm bench`` runs; ``__main__``: ``python -m ort_rmsnorm.bench``
 
 This package's ``__init__`` imports nothing, so that the command line can read the options without loading

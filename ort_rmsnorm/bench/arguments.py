@@ -34,6 +34,12 @@ def _milliseconds(text: str) -> float:
     return value
 
 
+def _non_negative(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative integer")
+    return int(text)
+
+
 def _positive_list(text: str) -> list[int]:
     return [_positive(item) for item in text.split(",")]
 
@@ -84,23 +90,47 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_e2e_arguments(parser: argparse.ArgumentParser) -> None:
-    config = e2e_plan.FLOAT_CONFIG
-    e2e = parser.add_argument_group("end to end (needs torch)")
-    e2e.add_argument("--e2e", action="store_true",
-                     help="instead of the kernels: a Llama-style model exported from torch, original vs fused")
-    e2e.add_argument("--e2e-dtypes", type=_choices(DTYPES), default=list(e2e_plan.FLOAT_DTYPES),
-                     help=f"comma-separated (default {','.join(e2e_plan.FLOAT_DTYPES)})")
-    e2e.add_argument("--e2e-hidden", type=_positive, default=config.hidden_size,
-                     help=f"hidden size (default {config.hidden_size})")
-    e2e.add_argument("--e2e-layers", type=_positive, default=config.num_layers,
-                     help=f"decoder layers (default {config.num_layers})")
-    e2e.add_argument("--e2e-vocab", type=_positive, default=config.vocab_size,
-                     help=f"vocabulary size (default {config.vocab_size})")
-    e2e.add_argument("--e2e-prefill", type=_positive, default=e2e_plan.FLOAT_PREFILL_TOKENS,
-                     help=f"prefill tokens (default {e2e_plan.FLOAT_PREFILL_TOKENS})")
-    e2e.add_argument("--e2e-threads", type=_positive,
-                     help="intra-op threads (default: onnxruntime's, all cores); 1 is timed with CPU time")
-    e2e.add_argument("--e2e-keep", metavar="DIR", help="keep the exported and fused models in DIR")
+    floats, int4 = e2e_plan.FLOAT_CONFIG, e2e_plan.Int4Plan()
+    e2e = parser.add_argument_group(
+        "end to end (needs torch; int4 also transformers)",
+        "Defaults are given as 'float | int4'. --clock applies here too; with --e2e int4, --quick checks the "
+        f"harness on a small model (hidden {e2e_plan.QUICK_INT4.hidden_sizes[0]}, {e2e_plan.QUICK_INT4.layers} "
+        "layers, few runs).")
+    e2e.add_argument("--e2e", nargs="?", const="float", choices=e2e_plan.MODES, metavar="MODE",
+                     help="instead of the kernels, a whole model, original vs fused: 'float' (the default MODE): a "
+                          "Llama-style model exported from torch in float32/float16, no KV cache; 'int4': a Hugging "
+                          "Face Llama with a KV cache, its MatMuls quantized to int4 (onnxruntime's MatMulNBits)")
+    e2e.add_argument("--e2e-dtypes", type=_choices(DTYPES),
+                     help=f"float: comma-separated (default {','.join(e2e_plan.FLOAT_DTYPES)}); int4 runs float32")
+    e2e.add_argument("--e2e-hidden", type=_positive_list,
+                     help=f"hidden size (default {floats.hidden_size} | {','.join(map(str, int4.hidden_sizes))}); "
+                          "int4: comma-separated, one model per size")
+    e2e.add_argument("--e2e-layers", type=_positive,
+                     help=f"decoder layers (default {floats.num_layers} | {int4.layers})")
+    e2e.add_argument("--e2e-vocab", type=_positive,
+                     help=f"vocabulary size (default {floats.vocab_size} | {int4.vocab})")
+    e2e.add_argument("--e2e-prefill", type=_positive,
+                     help=f"prefill tokens (default {e2e_plan.FLOAT_PREFILL_TOKENS} | {int4.prefill_tokens})")
+    e2e.add_argument("--e2e-past", type=_non_negative,
+                     help=f"int4: tokens in the KV cache at the timed decode step (default {int4.past_tokens})")
+    e2e.add_argument("--e2e-threads", type=_thread_counts,
+                     help="intra-op threads (default: onnxruntime's | "
+                          f"{','.join(map(str, int4.threads))}); int4: comma-separated; 1 is timed with CPU time")
+    e2e.add_argument("--e2e-decode-runs", type=_positive,
+                     help=f"interleaved decode runs per model (default {e2e_plan.FLOAT_RUNS['decode']} | "
+                          f"{int4.decode_runs})")
+    e2e.add_argument("--e2e-prefill-runs", type=_positive,
+                     help=f"interleaved prefill runs per model (default {e2e_plan.FLOAT_RUNS['prefill']} | "
+                          f"{int4.prefill_runs})")
+    e2e.add_argument("--e2e-profile-runs", type=_positive,
+                     help=f"profiled runs per model and phase (default {e2e_plan.FLOAT_RUNS['profile']} | "
+                          f"{int4.profile_runs})")
+    e2e.add_argument("--e2e-accuracy-level", type=int, choices=e2e_plan.ACCURACY_LEVELS,
+                     help=f"int4: MatMulNBits accuracy_level (default {int4.accuracy_level}: unset, float32 "
+                          "arithmetic; 4 quantizes the activations to int8 inside MatMulNBits)")
+    e2e.add_argument("--e2e-asymmetric", action="store_true",
+                     help="int4: quantize with zero points (default symmetric)")
+    e2e.add_argument("--e2e-keep", metavar="DIR", help="keep the exported, quantized and fused models in DIR")
 
 
 def plan_from_args(args: argparse.Namespace) -> Plan:

@@ -1,4 +1,4 @@
-"""``ort-rmsnorm bench --e2e``: a Llama-style model exported from torch, original vs fused.
+"""``ort-rmsnorm bench --e2e float``: a Llama-style model exported from torch, original vs fused.
 
 Both models run with onnxruntime's full optimizations and the same session options, so the original is what
 onnxruntime makes of the exported graph (its own fusions turn many decomposed norms into its
@@ -7,8 +7,8 @@ session of each model says which share of the kernel time the norms take.
 
 The exported model has no KV cache (``ort_rmsnorm.exporters``): the decode step is a forward pass over one token.
 That runs every norm on a 1 x H row and reads every weight once, as a cached decode step does; it leaves out
-attention over the cached keys and values, which on a CPU is small next to the weight reads at this size.
-Importing this module imports torch.
+attention over the cached keys and values, which on a CPU is small next to the weight reads at this size
+(``--e2e int4``, ort_rmsnorm.bench.e2e_int4, has the cache). Importing this module imports torch.
 """
 
 from __future__ import annotations

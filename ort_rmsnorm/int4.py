@@ -1,0 +1,66 @@
+"""int4 weights with onnxruntime's own quantizer (``onnxruntime.quantization.matmul_nbits_quantizer``): every MatMul
+whose weight is a constant becomes a ``com.microsoft.MatMulNBits`` with 4-bit weights in blocks along the input
+dimension, the rest of the graph, the norms included, stays as it was.
+
+``onnxruntime.quantization`` is part of the onnxruntime wheel but imports packages that onnxruntime itself does not
+require (in recent releases through onnx-ir, which requires sympy): :func:`unavailable` says what is missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections import Counter
+from dataclasses import dataclass
+
+import onnx
+
+from . import model_io
+
+QUANTIZER_MODULE = "onnxruntime.quantization.matmul_nbits_quantizer"
+
+
+@dataclass(frozen=True)
+class Int4Options:
+    block_size: int = 32
+    symmetric: bool = True  # False: a zero point per block
+    accuracy_level: int = 0  # MatMulNBits' accuracy_level; 0 leaves it unset (float32 arithmetic on the CPU)
+
+
+def unavailable() -> str | None:
+    """None when onnxruntime's int4 quantizer imports; otherwise why not and what to install."""
+    try:
+        __import__(QUANTIZER_MODULE)
+    except ImportError as error:
+        missing = f" (pip install {error.name})" if getattr(error, "name", None) else ""
+        return f"{QUANTIZER_MODULE} cannot be imported: {error}{missing}"
+    return None
+
+
+@contextlib.contextmanager
+def _quiet_quantizer():
+    """The quantizer logs a line per MatMul at INFO level."""
+    logger = logging.getLogger("onnxruntime.quantization")
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def quantize(source: str | os.PathLike, destination: str | os.PathLike, options: Int4Options = Int4Options()) -> dict:
+    """Writes the int4 model of ``source`` to ``destination`` (weights in external data next to it when large);
+    returns the op counts ``{"MatMulNBits": n, "MatMul": m}`` after quantization (MatMuls left: no constant weight)."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    model = onnx.load(str(source))
+    with _quiet_quantizer():
+        quantizer = MatMulNBitsQuantizer(model, block_size=options.block_size, is_symmetric=options.symmetric,
+                                         accuracy_level=options.accuracy_level or None)
+        quantizer.process()
+    quantized = quantizer.model.model
+    model_io.save_model(quantized, destination, protected=[source])
+    counts = Counter(node.op_type for node in quantized.graph.node)
+    return {"MatMulNBits": counts["MatMulNBits"], "MatMul": counts["MatMul"]}
