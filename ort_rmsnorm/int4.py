@@ -9,6 +9,7 @@ require (in recent releases through onnx-ir, which requires sympy): :func:`unava
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import os
 from collections import Counter
@@ -28,10 +29,24 @@ class Int4Options:
     accuracy_level: int = 0  # MatMulNBits' accuracy_level; 0 leaves it unset (float32 arithmetic on the CPU)
 
 
+def _import_quantizer():
+    """The quantizer's module. Importing it calls ``logging.basicConfig(level=INFO)``, which would make every
+    library's INFO lines print: the root logger is put back as it was."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        return importlib.import_module(QUANTIZER_MODULE)
+    finally:
+        for handler in root.handlers[:]:
+            if handler not in handlers:
+                root.removeHandler(handler)
+        root.setLevel(level)
+
+
 def unavailable() -> str | None:
     """None when onnxruntime's int4 quantizer imports; otherwise why not and what to install."""
     try:
-        __import__(QUANTIZER_MODULE)
+        _import_quantizer()
     except ImportError as error:
         missing = f" (pip install {error.name})" if getattr(error, "name", None) else ""
         return f"{QUANTIZER_MODULE} cannot be imported: {error}{missing}"
@@ -53,11 +68,10 @@ def _quiet_quantizer():
 def quantize(source: str | os.PathLike, destination: str | os.PathLike, options: Int4Options = Int4Options()) -> dict:
     """Writes the int4 model of ``source`` to ``destination`` (weights in external data next to it when large);
     returns the op counts ``{"MatMulNBits": n, "MatMul": m}`` after quantization (MatMuls left: no constant weight)."""
-    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
-
+    quantizer_module = _import_quantizer()
     model = onnx.load(str(source))
     with _quiet_quantizer():
-        quantizer = MatMulNBitsQuantizer(model, block_size=options.block_size, is_symmetric=options.symmetric,
+        quantizer = quantizer_module.MatMulNBitsQuantizer(model, block_size=options.block_size, is_symmetric=options.symmetric,
                                          accuracy_level=options.accuracy_level or None)
         quantizer.process()
     quantized = quantizer.model.model
