@@ -100,29 +100,29 @@ def _add_e2e_arguments(parser: argparse.ArgumentParser) -> None:
                      help="instead of the kernels, a whole model, original vs fused: 'float' (the default MODE): a "
                           "Llama-style model exported from torch in float32/float16, no KV cache; 'int4': a Hugging "
                           "Face Llama with a KV cache, its MatMuls quantized to int4 (onnxruntime's MatMulNBits)")
-    e2e.add_argument("--e2e-dtypes", type=_choices(DTYPES),
+    e2e.add_argument("--e2e-dtypes", type=_choices(DTYPES), metavar="DTYPES",
                      help=f"float: comma-separated (default {','.join(e2e_plan.FLOAT_DTYPES)}); int4 runs float32")
-    e2e.add_argument("--e2e-hidden", type=_positive_list,
+    e2e.add_argument("--e2e-hidden", type=_positive_list, metavar="H[,H...]",
                      help=f"hidden size (default {floats.hidden_size} | {','.join(map(str, int4.hidden_sizes))}); "
                           "int4: comma-separated, one model per size")
-    e2e.add_argument("--e2e-layers", type=_positive,
+    e2e.add_argument("--e2e-layers", type=_positive, metavar="N",
                      help=f"decoder layers (default {floats.num_layers} | {int4.layers})")
-    e2e.add_argument("--e2e-vocab", type=_positive,
+    e2e.add_argument("--e2e-vocab", type=_positive, metavar="N",
                      help=f"vocabulary size (default {floats.vocab_size} | {int4.vocab})")
-    e2e.add_argument("--e2e-prefill", type=_positive,
+    e2e.add_argument("--e2e-prefill", type=_positive, metavar="TOKENS",
                      help=f"prefill tokens (default {e2e_plan.FLOAT_PREFILL_TOKENS} | {int4.prefill_tokens})")
-    e2e.add_argument("--e2e-past", type=_non_negative,
+    e2e.add_argument("--e2e-past", type=_non_negative, metavar="TOKENS",
                      help=f"int4: tokens in the KV cache at the timed decode step (default {int4.past_tokens})")
-    e2e.add_argument("--e2e-threads", type=_thread_counts,
+    e2e.add_argument("--e2e-threads", type=_thread_counts, metavar="N[,N...]",
                      help="intra-op threads (default: onnxruntime's | "
                           f"{','.join(map(str, int4.threads))}); int4: comma-separated; 1 is timed with CPU time")
-    e2e.add_argument("--e2e-decode-runs", type=_positive,
+    e2e.add_argument("--e2e-decode-runs", type=_positive, metavar="N",
                      help=f"interleaved decode runs per model (default {e2e_plan.FLOAT_RUNS['decode']} | "
                           f"{int4.decode_runs})")
-    e2e.add_argument("--e2e-prefill-runs", type=_positive,
+    e2e.add_argument("--e2e-prefill-runs", type=_positive, metavar="N",
                      help=f"interleaved prefill runs per model (default {e2e_plan.FLOAT_RUNS['prefill']} | "
                           f"{int4.prefill_runs})")
-    e2e.add_argument("--e2e-profile-runs", type=_positive,
+    e2e.add_argument("--e2e-profile-runs", type=_positive, metavar="N",
                      help=f"profiled runs per model and phase (default {e2e_plan.FLOAT_RUNS['profile']} | "
                           f"{int4.profile_runs})")
     e2e.add_argument("--e2e-accuracy-level", type=int, choices=e2e_plan.ACCURACY_LEVELS,
