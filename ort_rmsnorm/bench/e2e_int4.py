@@ -348,8 +348,7 @@ def run_int4(plan: Int4Plan = Int4Plan(), *, workdir: str | None = None, log: Ca
             runs = {"decode": plan.decode_runs, "prefill": plan.prefill_runs}
             check = check_logits(models, steps, plan.threads[0])
             for phase, c in check.items():
-                log(f"  logits at {phase}: max abs difference {c['max_abs']:.3g} ({'ok' if c['ok'] else 'MISMATCH'} "
-                    f"at tolerance {c['tolerance']:.3g}); one-ulp control {c['control_max_abs']:.3g}")
+                log(f"  logits at {phase}: {_check_text(c)}")
             timings = []
             for threads in plan.threads:
                 clock = clock_name(threads, plan.clock)
@@ -380,6 +379,14 @@ def run_int4(plan: Int4Plan = Int4Plan(), *, workdir: str | None = None, log: Ca
 
 
 # --- markdown -------------------------------------------------------------------------------------------------------
+
+
+def _check_text(check: dict) -> str:
+    verdict = "within" if check["ok"] else "outside"
+    control = check["control_max_abs"]
+    relative = f": fused / control {check['max_abs'] / control:.2f}" if control else ""
+    return (f"max abs difference {check['max_abs']:.3g} ({verdict} verify's tolerance {check['tolerance']:.3g}); "
+            f"the original with its norm weights one ulp away differs by {control:.3g}{relative}")
 
 
 def _ratio(value: float | None) -> str:
@@ -453,10 +460,8 @@ def markdown(report: dict) -> str:
                          f"make the fused model x{p['expected_speedup']:.3f}; profiled kernel time original / fused "
                          f"x{p['kernel_speedup']:.3f}")
         for phase, c in m["check"].items():
-            lines.append(f"- logits at {phase}: max abs difference {c['max_abs']:.3g}, max rel {c['max_rel']:.3g} "
-                         f"({'ok' if c['ok'] else 'MISMATCH'} at verify's tolerance {c['tolerance']:.3g}); the "
-                         f"original with its norm weights one ulp away differs by {c['control_max_abs']:.3g} "
-                         f"(logits up to {c['logits_max_abs']:.3g})")
+            lines.append(f"- logits at {phase}: {_check_text(c)}, max rel {c['max_rel']:.3g} (logits up to "
+                         f"{c['logits_max_abs']:.3g})")
         fusion = m["fusion"]
         fused = ", ".join(f"{count} x {op}" for op, count in fusion["fused"].items())
         skipped = "; ".join(f"{count} x {why}" for why, count in fusion["skipped_reasons"].items())
