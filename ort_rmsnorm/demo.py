@@ -136,7 +136,7 @@ def run_demo(
                 start = time.perf_counter()
                 counts = int4.quantize(exported, original)
                 options = int4.Int4Options()
-                log(f"\nint4 (onnxruntime's MatMulNBitsQuantizer, block {options.block_size}, symmetric): "
+                log(f"\nint4 (onnxruntime's {counts['quantizer']}, block {options.block_size}, symmetric): "
                     f"{counts['MatMulNBits']} MatMuls quantized in {time.perf_counter() - start:.1f} s"
                     + (f", {counts['MatMul']} left (no constant weight)" if counts["MatMul"] else "")
                     + (f" -> {original}" if kept else ""))

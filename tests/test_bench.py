@@ -260,7 +260,7 @@ def test_int4_end_to_end_reports_speed_norm_share_and_neighbours(tmp_path):
     assert model["fusion"] == {"fused": {"ort_rmsnorm.RMSNorm": 1, "ort_rmsnorm.SkipRMSNorm": 4}, "skipped": 0,
                                "skipped_reasons": {}}
     # q, k, v, o, gate, up, down per layer and the LM head; attention's two products have no constant weight.
-    assert model["quantized"] == {"MatMulNBits": 15, "MatMul": 4}
+    assert model["quantized"]["MatMulNBits"] == 15 and model["quantized"]["MatMul"] == 4
     for phase in ("decode", "prefill"):
         check = model["check"][phase]
         assert check["ok"] and check["max_abs"] <= 1e-4, check
