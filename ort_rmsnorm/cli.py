@@ -249,37 +249,45 @@ def run_verify(args: argparse.Namespace) -> int:
 
 
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
-    from .demo import BUILDERS, LlamaConfig
+    from .demo import BUILDERS, DEMO_CONFIG, QUANTIZATIONS  # imports neither torch nor onnxscript
 
-    defaults = LlamaConfig()
     parser.add_argument("--builder", choices=BUILDERS, default="auto",
-                        help="torch: export with torch's dynamo exporter; onnx: build with onnx.helper; "
-                             "auto (default): torch when it is installed")
+                        help="torch: export with torch's dynamo exporter; onnx: build with onnx.helper in the same "
+                             "spelling; auto (default): torch when it is installed")
     parser.add_argument("--dtype", choices=["float32", "float16"], default="float32")
-    parser.add_argument("--layers", type=int, default=defaults.num_layers, help="decoder layers")
-    parser.add_argument("--hidden", type=int, default=defaults.hidden_size, help="hidden size")
-    parser.add_argument("--sequence", type=int, default=256, help="prefill length timed")
-    parser.add_argument("--runs", type=int, default=15, help="timed runs per model")
+    parser.add_argument("--quantize", choices=QUANTIZATIONS, default="int4",
+                        help="int4 (default): quantize the MatMuls with onnxruntime's MatMulNBitsQuantizer before "
+                             "fusing; none: time the float model")
+    parser.add_argument("--layers", type=int, default=DEMO_CONFIG.num_layers,
+                        help=f"decoder layers (default {DEMO_CONFIG.num_layers})")
+    parser.add_argument("--hidden", type=int, default=DEMO_CONFIG.hidden_size,
+                        help=f"hidden size (default {DEMO_CONFIG.hidden_size})")
+    parser.add_argument("--sequence", type=int, default=256, help="prefill length timed (default 256)")
+    parser.add_argument("--runs", type=int, default=15, help="timed prefill runs per model (default 15)")
+    parser.add_argument("--decode-runs", type=int, default=300, help="timed decode runs per model (default 300)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="intra-op threads (default 1: timed with the calling thread's CPU time)")
     parser.add_argument("--keep", type=Path, metavar="DIR", help="write the models to DIR and keep them")
 
 
 def run_demo(args: argparse.Namespace) -> int:
     from . import demo
 
-    for option in ("layers", "hidden", "sequence", "runs"):
+    for option in ("layers", "hidden", "sequence", "runs", "decode_runs", "threads"):
         if getattr(args, option) < 1:
-            raise UsageError(f"--{option} must be at least 1")
+            raise UsageError(f"--{option.replace('_', '-')} must be at least 1")
     if args.builder == "torch" and not demo.torch_available():
         raise UsageError("--builder torch: torch is not installed (pip install torch), or use --builder onnx")
-    defaults = demo.LlamaConfig()
+    defaults = demo.DEMO_CONFIG
     if args.hidden % defaults.num_heads:
         raise UsageError(f"--hidden must be a multiple of the {defaults.num_heads} attention heads")
     if args.keep is not None:
         _make_directory("--keep", args.keep)
     config = dataclasses.replace(defaults, num_layers=args.layers, hidden_size=args.hidden,
                                  intermediate_size=args.hidden * defaults.intermediate_size // defaults.hidden_size)
-    return demo.run_demo(config, dtype=args.dtype, builder=args.builder, sequence=args.sequence, runs=args.runs,
-                    directory=args.keep)
+    return demo.run_demo(config, dtype=args.dtype, builder=args.builder, quantization=args.quantize,
+                         sequence=args.sequence, runs=args.runs, decode_runs=args.decode_runs, threads=args.threads,
+                         directory=args.keep)
 
 
 # --- info ---------------------------------------------------------------------------------------------------------
@@ -318,18 +326,18 @@ def run_info(args: argparse.Namespace) -> int:
 # --- the parser ---------------------------------------------------------------------------------------------------
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
-    from .bench import add_bench_arguments as add
+    from .bench.arguments import add_bench_arguments as add  # imports neither torch nor onnxscript
 
     add(parser)
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    """Checks the optional dependencies a run needs before it starts (a full run takes minutes)."""
-    from . import bench, demo
+    """Checks what a run needs before it starts (a full run takes minutes)."""
+    from .bench import command, plots
 
-    if args.e2e and not demo.torch_available():
-        raise UsageError("--e2e exports its model with torch, which is not installed (pip install torch)")
-    if not args.e2e and args.plot != "none" and not bench.can_plot():
+    if (problem := command.problem(args)) is not None:
+        raise UsageError(problem)
+    if not args.e2e and args.plot != "none" and not plots.can_plot():
         if args.plot is not None:
             raise UsageError(f"--plot {args.plot}: matplotlib is not installed (pip install matplotlib), "
                              "or --plot none")
@@ -340,7 +348,7 @@ def run_bench(args: argparse.Namespace) -> int:
         _make_directory("--e2e-keep", Path(args.e2e_keep))
     if not args.e2e and args.plot not in (None, "none"):
         _make_directory("--plot", Path(args.plot).parent)
-    return bench.run_bench(args)
+    return command.run_bench(args)
 
 
 def _make_directory(option: str, directory: Path) -> None:
@@ -354,7 +362,8 @@ def _make_directory(option: str, directory: Path) -> None:
 COMMANDS = [
     Command("fuse", "fuse the decomposed RMSNorms of a model", add_fuse_arguments, run_fuse),
     Command("verify", "compare a fused model's outputs with the original's", add_verify_arguments, run_verify),
-    Command("demo", "build a small Llama-style model, fuse, verify and time it", add_demo_arguments, run_demo),
+    Command("demo", "a small int4 Llama-style model: fuse, verify, time and profile it before and after",
+            add_demo_arguments, run_demo),
     Command("bench", "time the norm kernels against onnxruntime's and a memory copy (--e2e: a whole model)",
             add_bench_arguments, run_bench),
     Command("info", "library path, build info and versions", add_info_arguments, run_info),

@@ -1,8 +1,10 @@
-"""A small Llama-style model in torch and the two torch ONNX exporters, for the demo and the export tests.
+"""A small Llama-style model in torch and the two torch ONNX exporters, for the demo, the benchmarks and the export
+tests; and a Hugging Face transformers Llama exported with its KV cache as graph inputs and outputs.
 
 The modules follow Hugging Face's Llama: ``LlamaRMSNorm`` upcasts to float32, normalizes, casts back and then
 multiplies by the weight; each decoder layer is pre-norm with residual adds before ``post_attention_layernorm`` and
-before the next layer's ``input_layernorm``. Importing this module imports torch.
+before the next layer's ``input_layernorm``. Importing this module imports torch (transformers only when a
+transformers model is exported).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Mapping, Sequence
 import torch
 from torch import nn
 
-from .demo import LlamaConfig
+from .llama import LlamaConfig
 
 EXPORTERS = ("torchscript", "dynamo")
 # The opset each exporter is used at: TorchScript's last well-supported opset, and the dynamo exporter's default.
@@ -193,3 +195,54 @@ def export_llama(
         dynamic_dims={"input_ids": {0: "batch", 1: "sequence"}, "logits": {0: "batch", 1: "sequence"}},
     )
     return model
+
+
+class _CachedCausalLM(nn.Module):
+    """A transformers causal LM with its KV cache as tensors: ``(input_ids, attention_mask, past keys, past values)
+    -> (logits, present keys, present values)``, one key and one value tensor ``[batch, kv_heads, tokens,
+    head_dim]`` per layer, as onnxruntime-genai's model folders name and shape them."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask, past_keys, past_values):
+        from transformers.cache_utils import DynamicCache
+
+        cache = DynamicCache(ddp_cache_data=list(zip(past_keys, past_values)))
+        output = self.model(input_ids=input_ids, attention_mask=attention_mask, cache=cache, use_cache=True)
+        layers = output.past_key_values.layers
+        return output.logits, [layer.keys for layer in layers], [layer.values for layer in layers]
+
+
+def kv_cache_names(layers: int) -> tuple[list[str], list[str]]:
+    """(past input names, present output names), keys of every layer first, then values."""
+    past = [f"past_key_values.{i}.{kind}" for kind in ("key", "value") for i in range(layers)]
+    return past, [name.replace("past_key_values", "present") for name in past]
+
+
+def export_cached_causal_lm(model: nn.Module, path: str | os.PathLike, *, opset: int | None = None) -> None:
+    """Exports a transformers causal LM (a ``LlamaForCausalLM``, say) with torch's dynamo exporter at ``opset``
+    (default :data:`EXPORTER_OPSET`'s), batch 1: inputs ``input_ids [1, sequence]``, ``attention_mask [1, total]``
+    (total = past + sequence) and the past keys and values ``[1, kv_heads, past, head_dim]`` of each layer
+    (:func:`kv_cache_names`); outputs ``logits [1, sequence, vocab]`` and the present keys and values. A prefill
+    feeds a cache of 0 tokens. Weights go to external data next to ``path``."""
+    config = model.config
+    layers, kv_heads = config.num_hidden_layers, config.num_key_value_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    past_tokens, tokens = 3, 2  # example sizes, neither 0 nor 1 (torch.export specializes those)
+    generator = torch.Generator().manual_seed(0)
+    dtype = next(model.parameters()).dtype
+    past = [[torch.randn(1, kv_heads, past_tokens, head_dim, generator=generator, dtype=dtype) for _ in range(layers)]
+            for _ in ("key", "value")]
+    example = (torch.randint(0, config.vocab_size, (1, tokens), generator=generator),
+               torch.ones(1, past_tokens + tokens, dtype=torch.int64), *past)
+    sequence, total, cached = (torch.export.Dim(name) for name in ("sequence", "total", "past"))
+    dynamic_shapes = ({1: sequence}, {1: total}, [{2: cached}] * layers, [{2: cached}] * layers)
+    past_names, present_names = kv_cache_names(layers)
+    with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), _quiet_torch_logs():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(_CachedCausalLM(model.eval()), example, str(path), dynamo=True, verbose=False,
+                          opset_version=opset or EXPORTER_OPSET["dynamo"], dynamic_shapes=dynamic_shapes,
+                          input_names=["input_ids", "attention_mask", *past_names],
+                          output_names=["logits", *present_names], external_data=True)

@@ -1,6 +1,6 @@
-"""Smoke tests of the benchmark harness (ort_rmsnorm.bench) in a tiny configuration. No timing is asserted: only
-that every contender runs (or is reported as unsupported with a reason), computes what it should, and that the
-table, JSON and plot come out."""
+"""Smoke tests of the benchmark harness (the ort_rmsnorm.bench package) in a tiny configuration. No timing is
+asserted: only that every contender runs (or is reported as unsupported with a reason), computes what it should,
+and that the table, JSON and plot come out."""
 
 import json
 import os
@@ -10,24 +10,25 @@ import numpy as np
 import onnx
 import pytest
 
-from ort_rmsnorm import bench, cli, demo, runtime
+from ort_rmsnorm import cli, runtime
+from ort_rmsnorm.bench import __main__ as bench_main
+from ort_rmsnorm.bench import cases, command, models, plan, plots, tables
 from ort_rmsnorm.runtime import make_session, run
 from reference import rmsnorm
 
 TINY = dict(hidden_sizes=[48], rows=[1, 5], threads=[1, 2], repetitions=2, min_sample_s=0.0,
-            contenders=list(bench.CONTENDER_NAMES), decode_hidden=48, profile_runs=3, chain_length=3)
+            contenders=list(models.CONTENDER_NAMES), decode_hidden=48, profile_runs=3, chain_length=3)
 
 
 @pytest.fixture(scope="module")
 def report():
-    plan = bench.Plan(dtypes=["float32", "bfloat16"], **TINY)
-    return bench.run_plan(plan, log=lambda line: None)
+    return plan.run_plan(plan.Plan(dtypes=["float32", "bfloat16"], **TINY), log=lambda line: None)
 
 
 def test_every_contender_runs_or_says_why(report):
     for case in report["cases"]:
         measured = {m["contender"] for m in case["measurements"]}
-        assert measured | set(case["unsupported"]) == set(bench.CONTENDER_NAMES), case
+        assert measured | set(case["unsupported"]) == set(models.CONTENDER_NAMES), case
         assert not measured & set(case["unsupported"])
         # Ours and the copies run for every dtype; a contender that computed something wrong would be unsupported.
         assert {"rmsnorm", "skip_rmsnorm", "copy_gather", "copy2_gather"} <= measured
@@ -46,12 +47,12 @@ def test_onnxruntime_gaps_are_detected_not_assumed(report):
 
 
 def test_ratios_refer_to_the_right_contenders(report):
-    case = bench._case_from_dict(report["cases"][-1])
+    case = cases.case_from_dict(report["cases"][-1])
     ours, theirs = case.get("rmsnorm"), case.get("ort_simplified")
     assert ours.speedup_vs_ort == pytest.approx(theirs.seconds / ours.seconds)
     copies = [m.seconds for m in case.measurements if m.family == "copy"]
     assert ours.vs_roofline == pytest.approx(ours.seconds / min(copies))
-    shape = bench.Shape(case.dtype, case.rows, case.hidden)
+    shape = models.Shape(case.dtype, case.rows, case.hidden)
     assert ours.bytes == 2 * shape.tensor_bytes + case.hidden * shape.itemsize
     assert case.get("skip_rmsnorm").bytes == 4 * shape.tensor_bytes + case.hidden * shape.itemsize
 
@@ -67,11 +68,11 @@ def test_decode_costs_cover_ours_with_and_without_profiler(report):
 
 
 def test_outputs_are_written(report, tmp_path):
-    tables = bench.markdown_tables(report)
-    assert "| 5x48 |" in tables and "Decode (1 x H)" in tables
+    markdown = tables.markdown_tables(report)
+    assert "| 5x48 |" in markdown and "Decode (1 x H)" in markdown
     pytest.importorskip("matplotlib")
     plot = tmp_path / "plot.png"
-    bench.write_plot(report, plot)
+    plots.write_plot(report, plot)
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -100,9 +101,16 @@ def test_unwritable_output_fails_before_measuring(tmp_path, capsys):
 
 @pytest.fixture
 def uninstall(monkeypatch):
-    """``uninstall("matplotlib" | "torch")``: the command line sees it as not installed."""
-    checks = {"matplotlib": (bench, "can_plot"), "torch": (demo, "torch_available")}
-    return lambda missing: monkeypatch.setattr(*checks[missing], lambda: False)
+    """``uninstall("matplotlib" | "torch" | ...)``: the command line sees it as not installed."""
+
+    def uninstall(missing: str) -> None:
+        if missing == "matplotlib":
+            monkeypatch.setattr(plots, "can_plot", lambda: False)
+        else:
+            installed = command.installed
+            monkeypatch.setattr(command, "installed", lambda module: module != missing and installed(module))
+
+    return uninstall
 
 
 def test_plot_asked_for_without_matplotlib_fails_before_measuring(tmp_path, uninstall, capsys):
@@ -117,10 +125,10 @@ def test_plot_asked_for_without_matplotlib_fails_before_measuring(tmp_path, unin
 
 
 def test_default_plot_is_left_out_without_matplotlib(tmp_path, uninstall, capsys):
-    """Also: ``python -m ort_rmsnorm.bench`` (bench.main) is the command line's ``bench``."""
+    """Also: ``python -m ort_rmsnorm.bench`` (its __main__.main) is the command line's ``bench``."""
     uninstall("matplotlib")
     out = tmp_path / "results"
-    assert bench.main([*TINY_COMMAND, "--out", str(out)]) == 0
+    assert bench_main.main([*TINY_COMMAND, "--out", str(out)]) == 0
     assert "no plot: matplotlib is not installed (pip install matplotlib)" in capsys.readouterr().err
     assert (out / "cpu.json").is_file() and not (out / "cpu.png").exists()
 
@@ -160,22 +168,21 @@ def test_sessions_take_turns_when_timed_side_by_side():
 
 
 def test_unknown_contender_is_named():
-    plan = bench.Plan(dtypes=["float32"], **{**TINY, "contenders": ["rmsnorm", "layernorm"]})
     with pytest.raises(ValueError, match="layernorm"):
-        bench.run_plan(plan)
+        plan.run_plan(plan.Plan(dtypes=["float32"], **{**TINY, "contenders": ["rmsnorm", "layernorm"]}))
 
 
 def test_chained_model_feeds_each_stage_the_previous_outputs():
-    shape = bench.Shape("float32", 2, 16)
-    model = bench.chained(bench.ours_skip_rmsnorm(shape), 3)
+    shape = models.Shape("float32", 2, 16)
+    model = models.chained(models.ours_skip_rmsnorm(shape), 3)
     onnx.checker.check_model(model)
     assert len(model.graph.node) == 3 and len({n.name for n in model.graph.node}) == 3
     rng = np.random.default_rng(7)
     x, skip = rng.standard_normal((2, 2, 16), dtype=np.float32)
     y, total = run(make_session(model), {"x": x, "skip": skip})
-    scale = bench._scale_values(16)
+    scale = models.scale_values(16)
     for _ in range(3):  # stage i+1: x = y_i, skip = sum_i
-        expected_y, expected_sum = rmsnorm(x, scale, epsilon=bench.EPSILON, skip=skip)
+        expected_y, expected_sum = rmsnorm(x, scale, epsilon=models.EPSILON, skip=skip)
         x, skip = expected_y.astype(np.float32), expected_sum
     np.testing.assert_allclose(total, skip, rtol=1e-6)
     np.testing.assert_allclose(y, x, rtol=1e-5, atol=1e-6)
@@ -184,11 +191,11 @@ def test_chained_model_feeds_each_stage_the_previous_outputs():
 @pytest.mark.torch
 def test_end_to_end_reports_speed_and_norm_share():
     pytest.importorskip("torch")
-    from ort_rmsnorm import bench_e2e
-    from ort_rmsnorm.demo import LlamaConfig
+    from ort_rmsnorm.bench import e2e
+    from ort_rmsnorm.llama import LlamaConfig
 
     config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2)
-    report = bench_e2e.run_e2e(config, dtypes=("float32",), prefill_tokens=6, prefill_runs=1, decode_runs=1,
+    report = e2e.run_e2e(config, dtypes=("float32",), prefill_tokens=6, prefill_runs=1, decode_runs=1,
                                profile_runs=1, log=lambda line: None)
     assert report["check"]["float32"].endswith(": ok")
     fusion = report["fusion"]["float32"]
@@ -199,4 +206,70 @@ def test_end_to_end_reports_speed_and_norm_share():
         assert phase["original_ms"] > 0 and phase["fused_ms"] > 0
         # The original's norms are found through the exporter's module names, the fused ones by op type.
         assert 0 < phase["original_norm_share"] < 1 and 0 < phase["fused_norm_share"] < 1
-    assert "| float32 | decode (1 token) |" in bench_e2e.markdown(report)
+    assert "| float32 | decode (1 token) |" in e2e.markdown(report)
+
+
+def test_int4_model_shapes_keep_smollm_proportions():
+    from ort_rmsnorm.bench.e2e_int4 import model_shape
+
+    smollm = model_shape(576, 30, 49152)
+    assert (smollm.heads, smollm.kv_heads, smollm.intermediate, smollm.head_dim) == (9, 3, 1536, 64)
+    for hidden in (64, 100, 256, 1024, 2048):
+        shape = model_shape(hidden, 30, 49152)
+        assert hidden % shape.heads == 0 and shape.heads % shape.kv_heads == 0, shape
+        assert 3 * shape.kv_heads <= shape.heads or shape.kv_heads == 1, shape
+        assert shape.intermediate % 64 == 0 and abs(shape.intermediate - hidden * 8 / 3) <= 32, shape
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--e2e", "--e2e-hidden", "256,512"], "--e2e float measures one model: give --e2e-hidden one value"),
+    (["--e2e", "float", "--e2e-past", "8"], "--e2e-past, --e2e-asymmetric and --e2e-accuracy-level are options of"),
+    (["--e2e", "int4", "--e2e-dtypes", "float16"], "--e2e int4 runs float32 activations"),
+])
+def test_end_to_end_options_that_do_not_go_together(options, message, tmp_path, capsys):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    assert cli.main(["bench", *options, "--out", str(tmp_path / "results")]) == cli.EXIT_USAGE
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "results").exists()
+
+
+def test_int4_end_to_end_without_transformers_fails_before_measuring(tmp_path, uninstall, capsys):
+    uninstall("transformers")
+    assert cli.main(["bench", "--e2e", "int4", "--out", str(tmp_path / "results")]) == cli.EXIT_USAGE
+    assert ("--e2e int4 exports a transformers Llama with torch: transformers is not installed "
+            "(pip install transformers)") in capsys.readouterr().err
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.torch
+def test_int4_end_to_end_reports_speed_norm_share_and_neighbours(tmp_path):
+    """A two-layer transformers Llama through ``bench --e2e int4``: exported with its KV cache, int4, fused (every
+    norm the torch module runs), logits compared, timed, profiled; JSON and markdown written."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    out = tmp_path / "results"
+    assert cli.main(["bench", "--e2e", "int4", "--e2e-hidden", "64", "--e2e-layers", "2", "--e2e-vocab", "128",
+                     "--e2e-past", "3", "--e2e-prefill", "2", "--e2e-threads", "1", "--e2e-decode-runs", "2",
+                     "--e2e-prefill-runs", "1", "--e2e-profile-runs", "2", "--out", str(out)]) == 0
+    report = json.loads((out / "e2e-int4.json").read_text())
+    assert sorted(path.name for path in out.iterdir()) == ["e2e-int4.json", "e2e-int4.md"]
+    [model] = report["models"]
+    assert model["shape"]["hidden"] == 64 and model["shape"]["layers"] == 2
+    # Two norms per layer and the final one; all but the first after a residual add.
+    assert model["fusion"] == {"fused": {"ort_rmsnorm.RMSNorm": 1, "ort_rmsnorm.SkipRMSNorm": 4}, "skipped": 0,
+                               "skipped_reasons": {}}
+    # q, k, v, o, gate, up, down per layer and the LM head; attention's two products have no constant weight.
+    assert model["quantized"]["MatMulNBits"] == 15 and model["quantized"]["MatMul"] == 4
+    for phase in ("decode", "prefill"):
+        check = model["check"][phase]
+        assert check["ok"] and check["max_abs"] <= 1e-4, check
+        profile = model["profile"][phase]
+        assert profile["fused"]["norm_nodes"] == 5
+        # Each decomposed norm is seven nodes (Pow, ReduceMean, Add, Sqrt, Reciprocal, Mul, Mul), plus four adds.
+        assert profile["original"]["norm_nodes"] == 5 * 7 + 4 == profile["replaced_nodes"]
+        assert 0 < profile["fused_share"] < 1 and 0 < profile["original_share"] < 1
+    assert {(t["threads"], t["phase"]) for t in model["timings"]} == {(1, "decode"), (1, "prefill")}
+    assert all(t["original_ms"] > 0 and t["fused_ms"] > 0 and t["clock"] == "thread_cpu" for t in model["timings"])
+    assert sum(model["neighbours"]["patterns"].values()) == 5
+    assert "| hidden 64, 2 layers |" in (out / "e2e-int4.md").read_text()

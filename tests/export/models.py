@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ort_rmsnorm.demo import LlamaConfig
+from ort_rmsnorm.llama import LlamaConfig
 from ort_rmsnorm.exporters import LlamaMLP, LlamaModel, LlamaRMSNorm, build_llama
 
 HIDDEN = 16

@@ -1,4 +1,4 @@
-"""End-to-end part of ``ort-rmsnorm bench --e2e``: a Llama-style model exported from torch, original vs fused.
+"""``ort-rmsnorm bench --e2e float``: a Llama-style model exported from torch, original vs fused.
 
 Both models run with onnxruntime's full optimizations and the same session options, so the original is what
 onnxruntime makes of the exported graph (its own fusions turn many decomposed norms into its
@@ -7,13 +7,12 @@ session of each model says which share of the kernel time the norms take.
 
 The exported model has no KV cache (``ort_rmsnorm.exporters``): the decode step is a forward pass over one token.
 That runs every norm on a 1 x H row and reads every weight once, as a cached decode step does; it leaves out
-attention over the cached keys and values, which on a CPU is small next to the weight reads at this size.
-Importing this module imports torch.
+attention over the cached keys and values, which on a CPU is small next to the weight reads at this size
+(``--e2e int4``, ort_rmsnorm.bench.e2e_int4, has the cache). Importing this module imports torch.
 """
 
 from __future__ import annotations
 
-import bisect
 import collections
 import dataclasses
 import statistics
@@ -25,14 +24,13 @@ from typing import Callable
 import numpy as np
 import onnxruntime as ort
 
-from . import exporters, model_io, runtime, verify
-from .bench import clock_function, clock_name, read_profile
-from .demo import LlamaConfig
-from .fusion import fuse_model
+from .. import exporters, model_io, runtime, verify
+from ..fusion import fuse_model
+from ..llama import LlamaConfig
+from .e2e_plan import FLOAT_CONFIG, FLOAT_DTYPES, FLOAT_PREFILL_TOKENS, FLOAT_RUNS
+from .profile import nodes_by_run, node_name, op_type, read_profile
+from .timing import clock_function, clock_name
 
-# Hidden 2048 with 4 layers as issue 5 asks; MLP, heads and vocabulary of TinyLlama (Llama 2 architecture).
-E2E_CONFIG = LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_layers=4, num_heads=16)
-PREFILL_TOKENS = 512
 NORM_OPS = ("RMSNorm", "SkipRMSNorm", "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization",
             "RMSNormalization", "LayerNormalization", "SkipLayerNormalization")
 
@@ -74,20 +72,16 @@ def _op_shares(session: ort.InferenceSession, phase_feeds: dict[str, dict[str, n
         for run in range(runs + 1):
             runtime.run(session, feeds)
             phase_of_run.append(phase if run else None)  # None: warm-up
-    events = read_profile(session.end_profiling())
-    starts = sorted(e["ts"] for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")
     totals: dict[str, collections.Counter] = {phase: collections.Counter() for phase in phase_feeds}
     norms: collections.Counter = collections.Counter()
-    for event in events:
-        if event.get("cat") != "Node" or not event.get("name", "").endswith("_kernel_time"):
+    for phase, nodes in zip(phase_of_run, nodes_by_run(read_profile(session.end_profiling()))):
+        if phase is None:
             continue
-        run = bisect.bisect_right(starts, event["ts"]) - 1
-        if run < 0 or (phase := phase_of_run[run]) is None:
-            continue
-        op = event["args"].get("op_name", "?")
-        totals[phase][op] += event["dur"]
-        if op in NORM_OPS or event["name"].removesuffix("_kernel_time") in norm_nodes:
-            norms[phase] += event["dur"]
+        for event in nodes:
+            op = op_type(event)
+            totals[phase][op] += event["dur"]
+            if op in NORM_OPS or node_name(event) in norm_nodes:
+                norms[phase] += event["dur"]
     return {phase: Shares({op: t / (sum(counter.values()) or 1) for op, t in counter.most_common()},
                           norms[phase] / (sum(counter.values()) or 1))
             for phase, counter in totals.items()}
@@ -133,9 +127,10 @@ def _time_phases(paths: tuple[Path, Path], phases, vocab: int, runs: dict[str, i
     return check, times
 
 
-def run_e2e(config: LlamaConfig = E2E_CONFIG, *, dtypes=("float32", "float16"), prefill_tokens: int = PREFILL_TOKENS,
-            prefill_runs: int = 5, decode_runs: int = 21, profile_runs: int = 2, threads: int | None = None,
-            workdir: str | None = None, log: Callable[[str], None] = print) -> dict:
+def run_e2e(config: LlamaConfig = FLOAT_CONFIG, *, dtypes=FLOAT_DTYPES, prefill_tokens: int = FLOAT_PREFILL_TOKENS,
+            prefill_runs: int = FLOAT_RUNS["prefill"], decode_runs: int = FLOAT_RUNS["decode"],
+            profile_runs: int = FLOAT_RUNS["profile"], threads: int | None = None, workdir: str | None = None,
+            log: Callable[[str], None] = print) -> dict:
     """Exports, fuses, checks and times the model for each dtype; returns the JSON-ready report."""
     phases = (("prefill", prefill_tokens), ("decode", 1))
     runs = {"prefill": prefill_runs, "decode": decode_runs}

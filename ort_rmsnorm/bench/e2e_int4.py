@@ -1,0 +1,479 @@
+"""``ort-rmsnorm bench --e2e int4``: int4 models as onnxruntime users make them, original vs fused.
+
+For each hidden size, a Hugging Face transformers ``LlamaForCausalLM`` with random weights (nothing is downloaded)
+is exported with torch's dynamo exporter with its KV cache as graph inputs and outputs
+(:func:`ort_rmsnorm.exporters.export_cached_causal_lm`), its MatMuls are quantized to int4 with onnxruntime's
+MatMulNBitsQuantizer (:mod:`ort_rmsnorm.int4`), and the int4 model is fused. onnxruntime fuses none of the exported
+norms itself (the dynamo exporter writes ``Reciprocal(Sqrt(.))``), so the original runs each norm as seven nodes and
+the residual Add before it as one more. The embeddings are not tied to the LM head (SmolLM's are): tied, the head's
+weight is a Transpose of the embedding table, which the quantizer leaves in float32, and its 49152 x H float32 read
+would dominate every decode step; onnxruntime-genai's int4 builds quantize the head too.
+
+Measured for each thread count: the logits of both models on a decode step and on a prefill (the largest
+difference and the verdict of ``ort-rmsnorm verify``'s tolerance), next to a control: the original with every
+norm's weight moved by one unit in the last place; then one decode step (one token after ``past_tokens`` cached
+ones) and one prefill (``prefill_tokens`` from an empty cache), the two models' runs interleaved, medians, with the
+quartiles of the paired ratios (each run of the original against the fused model's run next to it) as the noise.
+Then, on one thread, onnxruntime's profiler: each node's median kernel time over the runs, the norms' cost in each
+model (in the original the nodes the pass replaced, residual adds included; in the fused model its RMSNorm and
+SkipRMSNorm nodes), and what onnxruntime runs next to each fused norm in its optimized graph (nodes that might be
+absorbed into the fused op).
+
+Importing this module imports neither torch nor transformers; running it imports both.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import gc
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from .. import int4, model_io, runtime, verify
+from ..fusion import fuse_model
+from .e2e_plan import Int4Plan
+from .profile import node_medians, norm_share, profiled_runs
+from .timing import clock_function, clock_name
+
+FUSED_OPS = ("RMSNorm", "SkipRMSNorm")
+NORM_EPSILON = 1e-5  # SmolLM's rms_norm_eps
+# Neighbours of a fused norm that might be absorbed into it exactly: casts, shape changes, elementwise arithmetic.
+NEIGHBOUR_OPS = ("Cast", "CastLike", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose", "Identity", "Expand",
+                 "Add", "Sub", "Mul", "Div")
+# onnxruntime's Reshape aliases its input (no data moves): its profiled time is about the profiler's per-node floor.
+FLOOR_OP = "Reshape"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelShape:
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    def describe(self) -> str:
+        return (f"hidden {self.hidden}, {self.layers} layers, {self.heads} heads ({self.kv_heads} key/value), "
+                f"MLP {self.intermediate}, vocabulary {self.vocab}")
+
+
+def model_shape(hidden: int, layers: int, vocab: int) -> ModelShape:
+    """SmolLM-135M's proportions at another hidden size: heads of 64 (fewer where 64 does not divide the hidden
+    size), key/value heads the largest divisor of the heads that is at most a third of them (9 and 3 at 576), the
+    MLP 8/3 of the hidden size rounded to a multiple of 64 (1536 at 576)."""
+    heads = max(1, hidden // 64)
+    while hidden % heads:
+        heads -= 1
+    kv_heads = max([d for d in range(1, heads + 1) if heads % d == 0 and 3 * d <= heads] or [1])
+    intermediate = max(64, round(hidden * 8 / 3 / 64) * 64)
+    return ModelShape(hidden, layers, heads, kv_heads, intermediate, vocab)
+
+
+def build_model(shape: ModelShape, seed: int = 0):
+    """The transformers LlamaForCausalLM of `shape`, random weights, float32, eval mode."""
+    import torch
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    config = transformers.LlamaConfig(
+        hidden_size=shape.hidden, intermediate_size=shape.intermediate, num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads, vocab_size=shape.vocab,
+        max_position_embeddings=2048, rms_norm_eps=NORM_EPSILON, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(config)
+    with torch.no_grad():  # norm weights away from their ones, so that a lost scale shows in the logits
+        for module in model.modules():
+            if "RMSNorm" in type(module).__name__:
+                module.weight.add_(0.1 * torch.randn_like(module.weight))
+    return model.eval()
+
+
+# --- inputs ---------------------------------------------------------------------------------------------------------
+
+
+def feeds(shape: ModelShape, tokens: int, past: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """One step: `tokens` new tokens after `past` cached ones (random keys and values)."""
+    from ..exporters import kv_cache_names  # imports torch, as the export does
+
+    rng = np.random.default_rng(seed)
+    result = {"input_ids": rng.integers(0, shape.vocab, (1, tokens), dtype=np.int64),
+              "attention_mask": np.ones((1, past + tokens), np.int64)}
+    for name in kv_cache_names(shape.layers)[0]:
+        result[name] = rng.standard_normal((1, shape.kv_heads, past, shape.head_dim), dtype=np.float32)
+    return result
+
+
+# --- the models -----------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Models:
+    original: Path  # int4
+    fused: Path
+    control: Path  # the int4 original with each norm weight one ulp away
+    parameters: int
+    seconds: dict[str, float]  # export, quantize, fuse
+    quantized: dict  # int4.quantize's op counts
+    fusion: dict  # counts by op type, skipped near misses with their reasons
+    replaced: set[str]  # the original's nodes that the fused nodes replaced
+
+
+def _scale_inputs(model: onnx.ModelProto) -> set[str]:
+    """The scale inputs of the fused nodes (RMSNorm's second input, SkipRMSNorm's third)."""
+    position = {"RMSNorm": 1, "SkipRMSNorm": 2}
+    return {node.input[position[node.op_type]] for node in model.graph.node
+            if node.op_type in position and len(node.input) > position[node.op_type]}
+
+
+def _write_control(original: Path, scales: set[str], path: Path) -> None:
+    """The original with the norm weights `scales` moved by one unit in the last place (towards +inf)."""
+    model = onnx.load(str(original))
+    moved = 0
+    for initializer in model.graph.initializer:
+        if initializer.name in scales:
+            weight = onnx.numpy_helper.to_array(initializer)
+            initializer.CopyFrom(onnx.numpy_helper.from_array(np.nextafter(weight, np.inf).astype(weight.dtype),
+                                                              initializer.name))
+            moved += 1
+    if moved != len(scales):
+        raise RuntimeError(f"{original}: {len(scales) - moved} norm weights are not initializers of the original")
+    model_io.save_model(model, path, protected=[original])
+
+
+def prepare_models(shape: ModelShape, plan: Int4Plan, folder: Path, log: Callable[[str], None], *,
+                   keep_export: bool = False) -> Models:
+    from ..exporters import export_cached_causal_lm
+
+    seconds = {}
+    name = f"llama-{shape.hidden}x{shape.layers}"
+    exported, original = folder / f"{name}.onnx", folder / f"{name}.int4.onnx"
+    fused, control = folder / f"{name}.int4.fused.onnx", folder / f"{name}.int4.control.onnx"
+    start = time.perf_counter()
+    model = build_model(shape)
+    parameters = sum(p.numel() for p in model.parameters())
+    export_cached_causal_lm(model, exported)
+    del model
+    gc.collect()
+    seconds["export"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    options = int4.Int4Options(plan.block_size, plan.symmetric, plan.accuracy_level)
+    quantized = int4.quantize(exported, original, options)
+    seconds["quantize"] = time.perf_counter() - start
+    if not keep_export:
+        for path in _files_of(exported):
+            path.unlink()  # the float32 export: up to gigabytes, no longer needed
+
+    start = time.perf_counter()
+    ir_model = model_io.load_model(original)
+    report = fuse_model(ir_model)
+    model_io.save_model(ir_model, fused, protected=[original])
+    seconds["fuse"] = time.perf_counter() - start
+    reasons = collections.Counter(s.reason for s in report.skipped)
+    fusion = {"fused": dict(collections.Counter(f.op_type for f in report.fusions)),
+              "skipped": len(report.skipped), "skipped_reasons": dict(reasons)}
+    replaced = {node for f in report.fusions for node in f.replaced_nodes}
+    _write_control(original, _scale_inputs(onnx.load(str(fused), load_external_data=False)), control)
+    log(f"  {parameters / 1e6:.1f}M parameters; exported in {seconds['export']:.0f} s, int4 in "
+        f"{seconds['quantize']:.0f} s ({quantized['MatMulNBits']} MatMulNBits, {quantized['MatMul']} MatMul left), "
+        f"fused in {seconds['fuse']:.1f} s: {fusion['fused']}, {fusion['skipped']} skipped")
+    return Models(original, fused, control, parameters, seconds, quantized, fusion, replaced)
+
+
+# --- logits and timing ----------------------------------------------------------------------------------------------
+
+
+def _session(path: Path, threads: int | None, options: ort.SessionOptions | None = None) -> ort.InferenceSession:
+    return runtime.make_session(str(path), threads=threads, options=options or runtime.timing_options())
+
+
+def check_logits(models: Models, steps: dict[str, dict[str, np.ndarray]], threads: int) -> dict:
+    """Per phase: the fused model's logits against the original's (verify's criterion), and the control's."""
+    original, fused, control = (_session(path, threads) for path in (models.original, models.fused, models.control))
+    result = {}
+    for phase, step in steps.items():
+        reference = runtime.run(original, step, ["logits"])[0]
+        comparison = verify.compare("logits", reference, runtime.run(fused, step, ["logits"])[0])
+        control_diff = np.abs(runtime.run(control, step, ["logits"])[0].astype(np.float64) - reference)
+        result[phase] = {"ok": comparison.ok, "max_abs": comparison.max_abs, "max_rel": comparison.max_rel,
+                         "tolerance": comparison.tolerance, "control_max_abs": float(control_diff.max()),
+                         "logits_max_abs": float(np.abs(reference).max()), "describe": comparison.describe()}
+    return result
+
+
+def paired_speedup(original: list[float], fused: list[float]) -> dict:
+    """Medians in ms, their ratio, and the quartiles of the paired ratios original[i] / fused[i] (runs taken one
+    after the other): where those straddle 1.0 the difference is within the noise."""
+    ratios = [o / f for o, f in zip(original, fused)]
+    low, _, high = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
+    return {"original_ms": statistics.median(original) * 1e3, "fused_ms": statistics.median(fused) * 1e3,
+            "speedup": statistics.median(original) / statistics.median(fused), "ratio_quartiles": [low, high],
+            "runs": len(ratios)}
+
+
+def time_phases(models: Models, steps: dict[str, dict[str, np.ndarray]], runs: dict[str, int], threads: int,
+                clock: str) -> dict[str, dict]:
+    sessions = [_session(path, threads) for path in (models.original, models.fused)]
+    return {phase: paired_speedup(*runtime.time_interleaved(sessions, step, runs[phase], warmup=2,
+                                                            clock=clock_function(clock)))
+            for phase, step in steps.items()}
+
+
+# --- the profile ----------------------------------------------------------------------------------------------------
+
+
+def _profiling_options(prefix: Path) -> ort.SessionOptions:
+    options = runtime.timing_options()
+    options.enable_profiling = True
+    options.profile_file_prefix = str(prefix)
+    return options
+
+
+def profile(models: Models, steps: dict[str, dict[str, np.ndarray]], runs: int, folder: Path,
+            neighbour_names: dict[str, set[str]]) -> dict[str, dict]:
+    """Per phase, on one thread: the norm share of each model (NormShare), the fused norms' cost over the
+    decomposed ones', the speed-up the removed share alone would give, and the cost of the fused norms'
+    neighbours (`neighbour_names`: op type -> node names, from :func:`neighbours`)."""
+    is_norm = {"original": lambda name, op: name in models.replaced, "fused": lambda name, op: op in FUSED_OPS}
+    events: dict[str, dict[str, list[list[dict]]]] = {}
+    for which, path in (("original", models.original), ("fused", models.fused)):
+        session = _session(path, 1, _profiling_options(folder / f"profile-{which}"))
+        events[which] = profiled_runs(session, steps, {phase: runs for phase in steps})
+    result = {}
+    for phase in steps:
+        before = norm_share(events["original"][phase], is_norm["original"])
+        after = norm_share(events["fused"][phase], is_norm["fused"])
+        rest = before.kernel_us - before.norm_us
+        result[phase] = {
+            "original": dataclasses.asdict(before), "fused": dataclasses.asdict(after),
+            "original_share": before.share, "fused_share": after.share,
+            "fused_over_decomposed": after.norm_us / before.norm_us if before.norm_us else None,
+            # Per node: the profiler's floor is in every one of them; a Reshape moves no data.
+            "us_per_norm_node": {"original": before.norm_us / max(1, before.norm_nodes),
+                                 "fused": after.norm_us / max(1, after.norm_nodes)},
+            "us_per_reshape_node": _node_floor(events["fused"][phase]),
+            # If the rest of the graph cost the same in both: the speed-up the norms alone account for.
+            "expected_speedup": before.kernel_us / (rest + after.norm_us) if rest + after.norm_us else None,
+            "kernel_speedup": before.kernel_us / after.kernel_us if after.kernel_us else None,
+            "replaced_nodes": len(models.replaced),
+            "neighbours_us": {op: norm_share(events["fused"][phase], lambda name, _, names=names: name in names).norm_us
+                              for op, names in sorted(neighbour_names.items())},
+        }
+    return result
+
+
+def _node_floor(runs: list[list[dict]]) -> float:
+    """The median profiled time of the FLOOR_OP nodes (0 when the model has none)."""
+    floors = [median for (_, op), median in node_medians(runs).items() if op == FLOOR_OP]
+    return statistics.median(floors) if floors else 0.0
+
+
+def neighbours(models: Models, folder: Path) -> tuple[dict[str, int], dict[str, set[str]]]:
+    """What onnxruntime runs next to the fused norms in its optimized graph: per fused node, the op types producing
+    its inputs and consuming its outputs, counted by pattern; and the neighbours that are not matrix products
+    (op type -> node names), the candidates for absorbing into the fused op."""
+    optimized = folder / "fused.optimized.onnx"
+    options = runtime.timing_options()
+    options.log_severity_level = 3  # the warning that an optimized model may be specific to this machine
+    options.optimized_model_filepath = str(optimized)
+    options.add_session_config_entry("session.optimized_model_external_initializers_file_name",
+                                     optimized.name + ".data")
+    options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+    _session(models.fused, 1, options)
+    graph = onnx.load(str(optimized), load_external_data=False).graph
+    for path in _files_of(optimized):
+        path.unlink()
+    producers = {output: node for node in graph.node for output in node.output}
+    consumers: dict[str, list[onnx.NodeProto]] = collections.defaultdict(list)
+    for node in graph.node:
+        for name in node.input:
+            consumers[name].append(node)
+    constants = {initializer.name for initializer in graph.initializer}
+
+    def source(name: str) -> str:
+        return producers[name].op_type if name in producers else ("constant" if name in constants else "input")
+
+    patterns: collections.Counter = collections.Counter()
+    around: dict[str, set[str]] = collections.defaultdict(set)
+    for node in graph.node:
+        if node.op_type not in FUSED_OPS:
+            continue
+        data_inputs = node.input[:2] if node.op_type == "SkipRMSNorm" else node.input[:1]
+        sides = [f"{label}<-{source(name)}" for label, name in zip(("X", "skip"), data_inputs)]
+        for label, name in zip(("Y", "sum"), node.output):
+            if name:
+                sides.append(f"{label}->{'+'.join(sorted(c.op_type for c in consumers[name])) or 'output'}")
+        patterns[f"{node.op_type}: {', '.join(sides)}"] += 1
+        linked = [producers[n] for n in data_inputs if n in producers]
+        linked += [c for n in node.output if n for c in consumers[n]]
+        for other in linked:
+            if other.op_type in NEIGHBOUR_OPS:
+                around[other.op_type].add(other.name)
+    return dict(patterns.most_common()), dict(around)
+
+
+def _files_of(model: Path) -> list[Path]:
+    """The model file and its external data file(s) named after it."""
+    return sorted(model.parent.glob(model.name + "*"))
+
+
+# --- the run --------------------------------------------------------------------------------------------------------
+
+
+def run_int4(plan: Int4Plan = Int4Plan(), *, workdir: str | None = None, log: Callable[[str], None] = print) -> dict:
+    """Exports, quantizes, fuses, checks, times and profiles one model per hidden size; the JSON-ready report."""
+    results = []
+    with tempfile.TemporaryDirectory(prefix="ort-rmsnorm-e2e-int4-") as scratch:
+        folder = Path(workdir or scratch)
+        folder.mkdir(parents=True, exist_ok=True)
+        for hidden in plan.hidden_sizes:
+            shape = model_shape(hidden, plan.layers, plan.vocab)
+            log(f"{shape.describe()}:")
+            models = prepare_models(shape, plan, folder, log, keep_export=workdir is not None)
+            steps = {"decode": feeds(shape, 1, plan.past_tokens, seed=1),
+                     "prefill": feeds(shape, plan.prefill_tokens, 0, seed=2)}
+            runs = {"decode": plan.decode_runs, "prefill": plan.prefill_runs}
+            check = check_logits(models, steps, plan.threads[0])
+            for phase, c in check.items():
+                log(f"  logits at {phase}: {_check_text(c)}")
+            timings = []
+            for threads in plan.threads:
+                clock = clock_name(threads, plan.clock)
+                for phase, timing in time_phases(models, steps, runs, threads, clock).items():
+                    timings.append({"threads": threads, "clock": clock, "phase": phase, **timing})
+                    low, high = timing["ratio_quartiles"]
+                    log(f"  {threads} thread{'s' if threads > 1 else ''}, {phase}: original "
+                        f"{timing['original_ms']:.2f} ms, fused {timing['fused_ms']:.2f} ms, "
+                        f"x{timing['speedup']:.3f} (paired quartiles {low:.3f}-{high:.3f})")
+            patterns, around = neighbours(models, folder)
+            profiled = profile(models, steps, plan.profile_runs, folder, around)
+            decode = profiled["decode"]
+            log(f"  profile (1 thread, decode): norms {decode['original']['norm_us']:.0f} us of "
+                f"{decode['original']['kernel_us']:.0f} ({100 * decode['original_share']:.1f}%) -> "
+                f"{decode['fused']['norm_us']:.0f} us of {decode['fused']['kernel_us']:.0f} "
+                f"({100 * decode['fused_share']:.1f}%): fused / decomposed {decode['fused_over_decomposed']:.2f}")
+            results.append({"shape": dataclasses.asdict(shape), "parameters": models.parameters,
+                            "int4_bytes": sum(p.stat().st_size for p in _files_of(models.original)),
+                            "seconds": models.seconds,
+                            "quantized": models.quantized, "fusion": models.fusion, "check": check,
+                            "timings": timings, "profile": profiled,
+                            "neighbours": {"patterns": patterns,
+                                           "nodes": {op: len(names) for op, names in sorted(around.items())}}})
+            if workdir is None:
+                for path in folder.iterdir():
+                    path.unlink()
+    return {"plan": dataclasses.asdict(plan), "models": results}
+
+
+# --- markdown -------------------------------------------------------------------------------------------------------
+
+
+def _check_text(check: dict) -> str:
+    verdict = "within" if check["ok"] else "outside"
+    control = check["control_max_abs"]
+    relative = f": fused / control {check['max_abs'] / control:.2f}" if control else ""
+    return (f"max abs difference {check['max_abs']:.3g} ({verdict} verify's tolerance {check['tolerance']:.3g}); "
+            f"the original with its norm weights one ulp away differs by {control:.3g}{relative}")
+
+
+def _ratio(value: float | None) -> str:
+    return f"{value:.2f}" if value is not None else "-"
+
+
+def _speedup_cell(timing: dict | None) -> str:
+    if timing is None:
+        return "-"
+    low, high = timing["ratio_quartiles"]
+    noise = " (noise)" if low <= 1.0 <= high else ""
+    return f"{timing['speedup']:.3f} ({low:.3f}-{high:.3f}){noise}"
+
+
+def markdown(report: dict) -> str:
+    plan = report["plan"]
+    symmetry = "symmetric" if plan["symmetric"] else "with zero points"
+    level = plan["accuracy_level"] or "unset (float32 arithmetic)"
+    quantization = f"int4 MatMulNBits, block {plan['block_size']}, {symmetry}, accuracy_level {level}"
+    lines = [
+        f"Hugging Face LlamaForCausalLM (transformers), random weights, exported by torch's dynamo exporter (opset 18) "
+        f"with a KV cache, {quantization}; original = the int4 model, fused = the same after `ort_rmsnorm.fuse`. "
+        f"Decode: 1 token after {plan['past_tokens']} cached; prefill: {plan['prefill_tokens']} tokens, empty cache; "
+        "batch 1; onnxruntime optimizations on for both. Speed-up = original / fused time, medians of interleaved "
+        "runs (one thread: the calling thread's CPU time; more: wall time); in brackets the quartiles of the paired "
+        "ratios, '(noise)' where they include 1.0.\n",
+    ]
+    threads = sorted({t["threads"] for m in report["models"] for t in m["timings"]})
+    header = ["model", "parameters", "int4 MB"]
+    header += [f"{phase} {t}T" for phase in ("decode", "prefill") for t in threads]
+    header += ["decode norm share (original -> fused)", "fused / decomposed norm cost"]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for m in report["models"]:
+        shape, decode = m["shape"], m["profile"]["decode"]
+        cells = [f"hidden {shape['hidden']}, {shape['layers']} layers", f"{m['parameters'] / 1e6:.0f}M",
+                 f"{m['int4_bytes'] / 1e6:.0f}"]
+        for phase in ("decode", "prefill"):
+            for t in threads:
+                cells.append(_speedup_cell(next((x for x in m["timings"] if x["phase"] == phase
+                                                 and x["threads"] == t), None)))
+        cells += [f"{100 * decode['original_share']:.1f}% -> {100 * decode['fused_share']:.1f}%",
+                  _ratio(decode["fused_over_decomposed"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    for m in report["models"]:
+        shape = m["shape"]
+        lines += ["", f"### hidden {shape['hidden']}: {shape['layers']} layers, {shape['heads']} heads "
+                  f"({shape['kv_heads']} key/value), MLP {shape['intermediate']}, vocabulary {shape['vocab']}", ""]
+        lines += ["| threads | phase | original ms | fused ms | speed-up (paired quartiles) | runs |",
+                  "|---|---|---|---|---|---|"]
+        for t in m["timings"]:
+            lines.append(f"| {t['threads']} | {t['phase']} | {t['original_ms']:.2f} | {t['fused_ms']:.2f} | "
+                         f"{_speedup_cell(t)} | {t['runs']} |")
+        lines += ["", "onnxruntime's profiler, one thread, per node the median over the runs, summed (us per run; "
+                  "each node also carries the profiler's own floor of a few us):", "",
+                  "| phase | model | kernel us | norms us | norm nodes | share | top ops |",
+                  "|---|---|---|---|---|---|---|"]
+        for phase, p in m["profile"].items():
+            for which in ("original", "fused"):
+                share = p[which]
+                top = ", ".join(f"{op} {us:.0f}" for op, us in share["by_op"][:5])
+                lines.append(f"| {phase} | {which} | {share['kernel_us']:.0f} | {share['norm_us']:.0f} | "
+                             f"{share['norm_nodes']} | {100 * share['norm_us'] / (share['kernel_us'] or 1):.1f}% | "
+                             f"{top} |")
+        lines.append("")
+        for phase, p in m["profile"].items():
+            per_node = p["us_per_norm_node"]
+            lines.append(f"- {phase}: the fused norms cost {_ratio(p['fused_over_decomposed'])} of the decomposed ones "
+                         f"(the nodes the pass replaced, residual adds included); per node {per_node['original']:.1f} "
+                         f"us decomposed, {per_node['fused']:.1f} us fused, {p['us_per_reshape_node']:.1f} us for a "
+                         f"Reshape (which moves no data: the profiler's own floor); the removed share alone would "
+                         f"make the fused model x{p['expected_speedup']:.3f}; profiled kernel time original / fused "
+                         f"x{p['kernel_speedup']:.3f}")
+        for phase, c in m["check"].items():
+            lines.append(f"- logits at {phase}: {_check_text(c)}, max rel {c['max_rel']:.3g} (logits up to "
+                         f"{c['logits_max_abs']:.3g})")
+        fusion = m["fusion"]
+        fused = ", ".join(f"{count} x {op}" for op, count in fusion["fused"].items())
+        skipped = "; ".join(f"{count} x {why}" for why, count in fusion["skipped_reasons"].items())
+        lines.append(f"- fused {fused}; {fusion['skipped']} skipped" + (f" ({skipped})" if skipped else "")
+                     + f"; int4: {m['quantized']['MatMulNBits']} MatMulNBits, {m['quantized']['MatMul']} MatMul left")
+        lines.append("- next to the fused norms in onnxruntime's optimized graph: "
+                     + "; ".join(f"{count} x {pattern}" for pattern, count in m["neighbours"]["patterns"].items()))
+        nodes = m["neighbours"]["nodes"]
+        if nodes:
+            costs = m["profile"]["decode"]["neighbours_us"]
+            lines.append("- neighbours that might be absorbed (casts, shape changes, elementwise): " + ", ".join(
+                f"{count} {op} ({costs.get(op, 0):.0f} us per decode step)" for op, count in nodes.items()))
+        else:
+            lines.append("- no cast, shape change or elementwise node next to a fused norm: nothing to absorb")
+    return "\n".join(lines) + "\n"
