@@ -30,7 +30,18 @@ from ._facts import (
     static_dims,
     trailing_axis,
 )
-from ._patterns import DIVISIONS, FORMS, STATISTIC_CASTS, cast, divided, mean_square, normalized, rms_and_inverse
+from ._patterns import (
+    DIVISIONS,
+    FORMS,
+    QUANTIZED,
+    STATISTIC_CASTS,
+    cast,
+    divided,
+    mean_square,
+    normalized,
+    quantized,
+    rms_and_inverse,
+)
 from ._session import FusionSession, fused_node_name
 from ._targets import NormSpec, Scale
 
@@ -81,7 +92,7 @@ class RMSNormFusion(NormRule):
             return op.Cast(value, _outputs=["norm_cast"])
         if self.form == "castlike":
             return op.CastLike(value, pattern.Var("norm_cast_like"), _outputs=["norm_cast"])
-        rounded = pattern.OrValue([cast(op, value, "norm_cast"), value])
+        rounded = pattern.OrValue([cast(op, value, "norm_cast"), quantized(op, value, "norm_qdq"), value])
         if self.form == "scale":
             return op.Mul(rounded, scale, _outputs=["scaled"])
         if self.form == "scale_swapped":
@@ -116,6 +127,14 @@ class RMSNormFusion(NormRule):
     def _analyze(self, context, x: ir.Value, scale: ir.Value | None, b: dict) -> NormSpec:
         types = self._session.types
         reduce_node = b["reduced"].producer()
+        # The first pair in the data's order names the reason (every form of the norm then gives the same one).
+        first = next((name for name in QUANTIZED if b.get(name) is not None), None)
+        if first is not None:
+            raise NotFusable(
+                f"a QuantizeLinear/DequantizeLinear pair inside the norm rounds {QUANTIZED[first]} to its quantized "
+                "type: the fused op would not",
+                b[first].producer(),
+            )
         if b.get("exponent") is not None:
             exponent = require_scalar(b["exponent"], "the square's exponent", types, None)
             if exponent != 2:

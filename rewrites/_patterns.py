@@ -85,6 +85,16 @@ def rms_and_inverse(op, mean_square):
 
 STATISTIC_CASTS = ("sq_cast", "sq_cast2", "ms_cast", "eps_cast", "rms_cast", "inv_cast")
 """The bindings of the casts a statistic may pass through (see :func:`rms_and_inverse`)."""
+QUANTIZED = {
+    "sq_cast_qdq": "the squares",
+    "sq_cast2_qdq": "the squares",
+    "ms_cast_qdq": "the mean square",
+    "eps_cast_qdq": "ms + eps",
+    "rms_cast_qdq": "the rms",
+    "inv_cast_qdq": "the inverse rms",
+    "norm_qdq": "the normalized value",
+}
+"""The bindings of Q/DQ pairs inside a norm, and what each rounds to int8."""
 
 
 def cast(op, value, name: str):
@@ -95,8 +105,17 @@ def cast(op, value, name: str):
     )
 
 
+def quantized(op, value, name: str):
+    """``value`` through a QuantizeLinear/DequantizeLinear pair (an int8 QDQ model), bound as ``name``."""
+    q = op.QuantizeLinear(value, pattern.Var(f"{name}_scale"), pattern.Var(f"{name}_zero", can_match_none=True))
+    return op.DequantizeLinear(
+        q, pattern.Var(f"{name}_dscale"), pattern.Var(f"{name}_dzero", can_match_none=True), _outputs=[name]
+    )
+
+
 def _maybe_cast(op, value, name: str):
-    return pattern.OrValue([value, cast(op, value, name)])
+    """``value``, cast, or through a Q/DQ pair (``<name>_qdq``: a match the check refuses, so that it is reported)."""
+    return pattern.OrValue([value, cast(op, value, name), quantized(op, value, f"{name}_qdq")])
 
 
 def divided(op, form, numerator, rms, inverse, **outputs):
