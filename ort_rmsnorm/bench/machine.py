@@ -8,7 +8,7 @@ import platform
 
 import onnxruntime as ort
 
-from .. import build_info
+from .._library import build_info
 
 ISA_ENV = "ORT_RMSNORM_CPU_ISA"
 

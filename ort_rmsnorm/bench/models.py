@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from .. import OP_DOMAIN, OP_VERSION
+from ..contract import OP_DOMAIN, OP_VERSION
 from ..runtime import BFLOAT16
 
 
