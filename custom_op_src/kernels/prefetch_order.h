@@ -5,9 +5,9 @@
 // prefetches step s / parts of part s % parts. One core keeps more lines in flight from memory for several
 // sequential streams than for one: on this project's benchmark machine a plain loop of loads and streaming stores
 // copied 11 GB/s on one thread with one stream and 15-17 GB/s with four to eight, and 16-bit RMSNorm at
-// 2048 x 16384 on one thread became 17-24% faster (docs/benchmarks.md, "What limits the kernels", item 17). Each
-// part spans at least 8 KB; shorter rows, whose data came from the L3 cache in the benchmark and gained nothing,
-// and the steps past the last whole part are prefetched in order.
+// 2048 x 16384 on one thread became 17-24% faster (docs/benchmarks.md, "What limits the kernels"). Each part
+// spans at least 8 KB; shorter rows, whose data came from the L3 cache in the benchmark and gained nothing, and the
+// steps past the last whole part are prefetched in order.
 //
 // Internal linkage for the same reason as scalar_convert.h (included by translation units with different flags).
 #pragma once

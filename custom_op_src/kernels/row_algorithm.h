@@ -195,7 +195,7 @@ struct HasDotSquares<V, decltype(static_cast<void>(V::DotSquares(std::declval<co
 // covers [0, n - n % (4 * kWidth)): NormalizeRowRange scales the previous row there when pipelined. It comes after
 // the step's own loads, so that they are under way (from L2, L3 or memory) while the other row is scaled: with the
 // call first, streamed 16-bit rows were up to 15% slower on a Zen 4 core (docs/benchmarks.md, "What limits the
-// kernels", item 19). kDotSquares: whether bfloat16 pairs are summed with V::DotSquares, where V has it, or with
+// kernels"). kDotSquares: whether bfloat16 pairs are summed with V::DotSquares, where V has it, or with
 // V::SquarePairs.
 template <class V, bool kDotSquares = true, class Row, class Alongside>
 double SumSquares(const Row row, int64_t n, const Alongside& alongside) {
@@ -332,7 +332,7 @@ void NormalizeRowRange(const RowBatch<T>& batch, int64_t begin, int64_t end, boo
     const Scaler scaler{row, y, V::Set1(factor), batch.scale, next, order};
     if (pipelined) {
       // With the next row prefetched in parts, bfloat16 sums with vdpbf16ps made one Zen 4 core 10-35% slower than
-      // the same sums in FMAs (docs/benchmarks.md, "What limits the kernels", item 18); elsewhere they are faster.
+      // the same sums in FMAs, whose bits are the instruction's (SquarePairs); elsewhere vdpbf16ps is faster.
       const auto step = [&](int64_t i) { scaler.Step(i); };
       sum_squares = order.InParts() ? SumSquares<V, false>(stat(r + 1), n, step) : SumSquares<V>(stat(r + 1), n, step);
       summed = true;
@@ -385,7 +385,7 @@ void NormalizeRowsWith(const RowBatch<T>& batch, int64_t begin, int64_t end) {
   // Pipelining pays when the rows come from outside L2, which streaming calls imply: rows in L1/L2 were measured
   // slower with it, and so was the compute-bound scalar code. float32 rows gain from 32 KB (H = 8192), once the next
   // row is prefetched in parts; shorter ones were no faster or slower (docs/benchmarks.md, "What limits the
-  // kernels", items 8 and 17).
+  // kernels").
   constexpr int64_t kMinPipelinedFloatRowBytes = 32 * 1024;
   const bool pipeline = V::kPipelineRows && kStreaming &&
                         (sizeof(T) == 2 || n * static_cast<int64_t>(sizeof(T)) >= kMinPipelinedFloatRowBytes);
