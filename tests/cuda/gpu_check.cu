@@ -887,7 +887,7 @@ void PrintBenchmark(const std::vector<BenchRow>& rows, double empty_us) {
     for (const auto& [name, us] : r.other_plans_us) std::printf("  %s %.3f", name.c_str(), us / r.norm_us);
     std::printf("\n");
   }
-  // The issue's targets, read off the rows above. The copy bandwidth is the best the copy reached over the large
+  // The speed targets, read off the rows above. The copy bandwidth is the best the copy reached over the large
   // tensors: copies of 512 MiB and more ran at two thirds of the rate of smaller ones on an H200, which would make a
   // per-row ratio a lenient target there.
   double copy_gbps = 0.0, worst_decode = -1e9, worst_warm_decode = -1e9;

@@ -1,5 +1,5 @@
 """Bugs the fuzzer found in the pass, each as the minimized model it found, and the generator errors that made it
-fail correct models (see docs/fuzzing.md for the record)."""
+fail correct models (docs/fuzzing.md lists them by class)."""
 
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ def test_scale_after_a_norm_of_a_layernorm_output_is_fused():
 
 
 def test_residual_truth_stays_in_its_scope():
-    """Generator error (k): the Add a scope's last block made was remembered under ``id(scope)``. A side chain's
+    """Generator error: the Add a scope's last block made was remembered under ``id(scope)``. A side chain's
     scope is freed when the chain is built, and a function body's scope made later may lie at the same address: it
     then took the side chain's Add as the residual before its own norms, and the check demanded a fusion no model
     allows (hypothesis saw it once, as a flaky failure: it depends on where objects lie in memory). Each scope now
@@ -132,7 +132,7 @@ def test_residual_truth_stays_in_its_scope():
 
 @pytest.mark.parametrize("target", ["custom", "ort"])
 def test_bias_of_the_whole_shape_is_a_residual_add(target):
-    """Generator error (m): a LayerNorm whose bias has the input's whole shape ((1, 8) on (1, 8)) ends in an Add of
+    """Generator error: a LayerNorm whose bias has the input's whole shape ((1, 8) on (1, 8)) ends in an Add of
     two tensors of one shape, which the next norm fuses as its residual add (exactly: the skip op adds them as the
     graph did). The ground truth counted that Add as the LayerNorm's, so the check took the fusion for one that
     reached into a LayerNorm."""
