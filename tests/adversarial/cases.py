@@ -47,6 +47,20 @@ UNKNOWN_ATTRIBUTES = ("epsilon_", "Axis", "stash_type", "simplified", "x" * 300,
 KINDS = ("int", "float", "ints", "floats", "string")
 
 
+class _Draws:
+    """numpy's generator, and `odd(p)`: whether to draw something the contract rejects, with probability p scaled
+    by the case's hostility (0 for a benign case: every input valid, values anywhere in range)."""
+
+    def __init__(self, rng: np.random.Generator, hostility: float):
+        self.rng, self.hostility = rng, hostility
+
+    def __getattr__(self, name):
+        return getattr(self.rng, name)
+
+    def odd(self, p: float) -> bool:
+        return self.rng.random() < min(1.0, p * self.hostility)
+
+
 def _pick(rng, options, p=None):
     return options[int(rng.choice(len(options), p=p))]
 
@@ -79,8 +93,10 @@ def _x_shape(rng, tags: list[str]) -> list[int]:
 
 def _declared(rng, shape, tags: list[str], what: str):
     """How the model declares a tensor of `shape`: exactly, with symbolic/unknown dims, unknown rank, or wrongly."""
-    mode = _pick(rng, ["exact", "symbolic", "unnamed", "rank-unknown", "wrong-dim", "wrong-rank", "huge"],
-                 p=[0.35, 0.2, 0.08, 0.12, 0.08, 0.07, 0.10])
+    if rng.odd(0.25):
+        mode = _pick(rng, ["wrong-dim", "wrong-rank", "huge"])
+    else:
+        mode = _pick(rng, ["exact", "symbolic", "unnamed", "rank-unknown"], p=[0.45, 0.25, 0.12, 0.18])
     tags.append(f"{what}-declared-{mode}")
     if mode == "exact":
         return list(shape)
@@ -93,7 +109,7 @@ def _declared(rng, shape, tags: list[str], what: str):
     if mode == "wrong-dim" and shape:
         declared = list(shape)
         i = int(rng.integers(len(shape)))
-        declared[i] = declared[i] + int(rng.integers(1, 5))
+        declared[i] = declared[i] + int(rng.integers(1, 5)) if declared[i] < 2**62 else 1
         return declared
     if mode == "huge" and shape:
         return [_pick(rng, [d, *HUGE_DIMS]) for d in shape]
@@ -111,8 +127,11 @@ def _column_shape(rng, x_shape, axis, tags: list[str], what: str):
 def _column_shape_of(rng, x_shape, axis, tags: list[str], what: str):
     rank = len(x_shape)
     normalized = list(x_shape[axis % rank:]) if rank and -rank <= axis < rank else list(x_shape[-1:])
-    mode = _pick(rng, ["per-element", "trailing", "broadcast", "leading-ones", "one", "scalar", "zero", "wrong",
-                       "rank-above", "random"], p=[0.25, 0.1, 0.15, 0.07, 0.08, 0.05, 0.05, 0.1, 0.05, 0.1])
+    if rng.odd(0.3):
+        mode = _pick(rng, ["zero", "wrong", "rank-above", "random"])
+    else:
+        mode = _pick(rng, ["per-element", "trailing", "broadcast", "leading-ones", "one", "scalar"],
+                     p=[0.4, 0.15, 0.2, 0.1, 0.1, 0.05])
     tags.append(f"{what}-{mode}")
     if mode == "per-element":
         return normalized
@@ -130,7 +149,8 @@ def _column_shape_of(rng, x_shape, axis, tags: list[str], what: str):
         return [0] if rng.random() < 0.5 else normalized[:-1] + [0]
     if mode == "wrong":
         shape = list(normalized) or [1]
-        shape[int(rng.integers(len(shape)))] += int(rng.integers(1, 4))
+        i = int(rng.integers(len(shape)))
+        shape[i] = shape[i] + int(rng.integers(1, 4)) if shape[i] < 2**62 else 1
         return shape
     if mode == "rank-above":
         return [2] + list(x_shape)
@@ -157,44 +177,42 @@ def _attributes(rng, op: str, rank: int, tags: list[str]) -> list:
     attributes = []
     # axis: usually valid for the fed rank, else anywhere
     if rng.random() < 0.8:
-        r = rng.random()
-        if rank and r < 0.7:
-            axis = int(rng.integers(-rank, rank))
-        elif r < 0.9:
-            axis = int(rng.integers(-10, 10))
+        if rng.odd(0.3):
+            axis = int(rng.integers(-10, 10)) if rng.random() < 0.6 else int(_pick(rng, list(AXES_FAR)))
         else:
-            axis = int(_pick(rng, list(AXES_FAR)))
-        kind = "int" if rng.random() < 0.93 else _pick(rng, KINDS)
+            axis = int(rng.integers(-rank, rank)) if rank else -1
+        kind = _pick(rng, KINDS) if rng.odd(0.07) else "int"
         attributes.append(["axis", "int", axis] if kind == "int" else _attribute(rng, "axis", kind, tags))
     if rng.random() < 0.6:
-        if rng.random() < 0.65:
-            value = float(_pick(rng, [1e-5, 1e-6, 1e-12, 0.0, 0.1]))
-        else:
+        if rng.random() < 0.2 or rng.odd(0.3):
             value = float(_pick(rng, list(EPSILONS_ODD)))
             tags.append("epsilon-odd")
-        kind = "float" if rng.random() < 0.93 else _pick(rng, KINDS)
+        else:
+            value = float(_pick(rng, [1e-5, 1e-6, 1e-12, 0.0, 0.1]))
+        kind = _pick(rng, KINDS) if rng.odd(0.07) else "float"
         attributes.append(["epsilon", "float", value] if kind == "float" else _attribute(rng, "epsilon", kind, tags))
-    for name, present in (("eps_outside_sqrt", 0.4), ("normalize_float32_sum", 0.4 if op == "SkipRMSNorm" else 0.05)):
-        if rng.random() < present:
-            value = int(_pick(rng, [0, 1, 0, 1, 2, -1, 2**31, -(2**63)]))
-            kind = "int" if rng.random() < 0.9 else _pick(rng, KINDS)
+    for name, present in (("eps_outside_sqrt", 0.4), ("normalize_float32_sum", 0.4 if op == "SkipRMSNorm" else 0.0)):
+        if rng.random() < present or rng.odd(0.05):
+            value = int(_pick(rng, [2, -1, 2**31, -(2**63)])) if rng.odd(0.3) else int(rng.integers(0, 2))
+            kind = _pick(rng, KINDS) if rng.odd(0.07) else "int"
             attributes.append([name, "int", value] if kind == "int" else _attribute(rng, name, kind, tags))
     if rng.random() < 0.08:
-        attributes.append(_attribute(rng, _pick(rng, list(UNKNOWN_ATTRIBUTES)), _pick(rng, KINDS), tags))
+        names = list(UNKNOWN_ATTRIBUTES) if rng.odd(1.0) else list(UNKNOWN_ATTRIBUTES[:-1])  # "": invalid
+        attributes.append(_attribute(rng, _pick(rng, names), _pick(rng, KINDS), tags))
         tags.append("attr-unknown")
     return attributes
 
 
 def _x_dtype(rng, tags):
-    name = _pick(rng, list(FLOAT_NAMES)) if rng.random() < 0.94 else _pick(rng, list(UNSUPPORTED_NAMES))
+    name = _pick(rng, list(UNSUPPORTED_NAMES)) if rng.odd(0.06) else _pick(rng, list(FLOAT_NAMES))
     tags.append(f"x-{name}")
     return name
 
 
 def _column_dtype(rng, x_dtype, tags, what):
     if what == "bias":
-        name = x_dtype if rng.random() < 0.85 else _pick(rng, list(DTYPES))
-    elif rng.random() < 0.85 and x_dtype in FLOAT_NAMES:
+        name = _pick(rng, list(DTYPES)) if rng.odd(0.15) else x_dtype
+    elif not rng.odd(0.15) and x_dtype in FLOAT_NAMES:
         name = _pick(rng, [s for x, s in sorted(SCALE_PAIRS) if x == x_dtype])
     else:
         name = _pick(rng, list(DTYPES))
@@ -212,7 +230,9 @@ def _values_kind(rng, tags, what):
 def generate(seed: int, index: int) -> dict:
     """Case `index` of the stream of `seed`."""
     rng = np.random.default_rng([seed, index])
-    tags: list[str] = []
+    level = _pick(rng, ["benign", "mild", "hostile"], p=[0.4, 0.35, 0.25])
+    rng = _Draws(rng, {"benign": 0.0, "mild": 0.5, "hostile": 2.0}[level])
+    tags: list[str] = [level]
     op = _pick(rng, list(OPS))
     tags.append(op)
     x_dtype = _x_dtype(rng, tags)
@@ -228,10 +248,10 @@ def generate(seed: int, index: int) -> dict:
                    "values": _values_kind(rng, tags, "x")})
     if op == "SkipRMSNorm":
         skip_shape = list(x_shape)
-        if rng.random() < 0.1:
+        if rng.odd(0.1):
             skip_shape = _column_shape(rng, x_shape, axis, tags, "skip")
             tags.append("skip-shape-other")
-        skip_dtype = x_dtype if rng.random() < 0.93 else _pick(rng, list(DTYPES))
+        skip_dtype = _pick(rng, list(DTYPES)) if rng.odd(0.07) else x_dtype
         inputs.append({"name": "skip", "dtype": skip_dtype, "declared": _declared(rng, skip_shape, tags, "skip"),
                        "shape": skip_shape, "values": _values_kind(rng, tags, "skip")})
         node_inputs.append("skip")
@@ -260,7 +280,7 @@ def generate(seed: int, index: int) -> dict:
         tags.append("sum-output")
 
     # Structural damage: missing, empty-named, extra, aliased or dangling inputs and outputs.
-    if rng.random() < 0.15:
+    if rng.odd(0.15):
         damage = _pick(rng, ["x-empty", "skip-empty", "extra-input", "undefined-input", "y-empty", "extra-output",
                              "y-is-x", "sum-is-skip", "y-is-sum", "sum-empty", "y-is-scale", "no-outputs"])
         tags.append(f"damage-{damage}")

@@ -125,6 +125,7 @@ def run(args) -> int:
     failures = []
     child = None
     started = time.monotonic()
+    log = open(args.log, "w") if args.log else None
     indices = range(args.start, args.start + args.cases)
     for index in indices:
         case_id = f"{args.seed}:{index}"
@@ -153,6 +154,8 @@ def run(args) -> int:
         elif not verdict["ok"]:
             report_failure(case_id, verdict)
         counts[verdict["outcome"]] += 1
+        if log:
+            log.write(json.dumps({"id": case_id, **verdict}) + "\n")
         from adversarial.cases import generate
         tags = verdict.get("tags") or generate(args.seed, index)["tags"]
         for tag in tags:
@@ -203,13 +206,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--library", required=True)
     parser.add_argument("--preload", default="", help="LD_PRELOAD for the child (the sanitizer runtimes)")
-    parser.add_argument("--cases", type=int, default=300)
+    parser.add_argument("--cases", type=int, default=500)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--start", type=int, default=0, help="first case index")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds one case may take")
     parser.add_argument("--replay", metavar="SEED:INDEX", help="run this one case (and print it)")
     parser.add_argument("--save", metavar="DIR", help="with --replay: write its model, feeds and description")
     parser.add_argument("--summary", metavar="FILE", help="write counts per outcome and per tag as JSON")
+    parser.add_argument("--log", metavar="FILE", help="write every case's verdict as a JSON line")
     args = parser.parse_args()
     return replay(args) if args.replay else run(args)
 
