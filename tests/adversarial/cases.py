@@ -73,7 +73,7 @@ def _dims(rng, rank: int, budget: int = 6000) -> list[int]:
         if dim == 0 and rng.random() < 0.7:
             dim = 1
         dims.append(dim)
-    while math.prod(dims) > budget:
+    while math.prod(max(d, 1) for d in dims) > budget:  # also for an empty shape: its scale may have the rest
         biggest = int(np.argmax(dims))
         dims[biggest] = max(1, dims[biggest] // 3) | 1
     return dims
@@ -88,6 +88,12 @@ def _x_shape(rng, tags: list[str]) -> list[int]:
         dims = [_pick(rng, [1, 3, *HUGE_DIMS]) for _ in range(rank)]
         dims[int(rng.integers(rank))] = 0
         return dims
+    if rank >= 2 and rng.random() < 0.02:
+        # Large enough for the thread pool (over 128 KiB moved), rarely for streaming stores (outputs of 8 MiB).
+        tags.append("large")
+        cols = _pick(rng, [1024, 1031, 4096])
+        rows = _pick(rng, [40, 64, 129]) if rng.random() < 0.8 else 2048 * 1024 // cols
+        return [1] * (rank - 2) + [rows, cols]
     return _dims(rng, rank, budget=_pick(rng, [64, 600, 6000]))
 
 
@@ -121,7 +127,9 @@ def _column_shape(rng, x_shape, axis, tags: list[str], what: str):
     """A scale/bias shape for X: one the contract accepts (per element, broadcast, leading 1s), or not; huge dims
     (of an empty X) become 1, so that the tensor itself stays small."""
     shape = _column_shape_of(rng, x_shape, axis, tags, what)
-    return shape if math.prod(shape) <= 100000 else [d if d < 100000 else 1 for d in shape]
+    while math.prod(shape) > 100000:
+        shape[int(np.argmax(shape))] = 1
+    return shape
 
 
 def _column_shape_of(rng, x_shape, axis, tags: list[str], what: str):
@@ -335,7 +343,7 @@ def generate(seed: int, index: int) -> dict:
         tags.append("chain-exposed" if exposed else "chain-hidden")
         outputs = (outputs if exposed else []) + second_outputs
     return {"id": f"{seed}:{index}", "seed": seed, "index": index, "tags": tags, "nodes": nodes, "inputs": inputs,
-            "initializers": initializers, "outputs": outputs}
+            "initializers": initializers, "outputs": outputs, "threads": 2 if "large" in tags else 1}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -386,13 +394,19 @@ def values(case: dict, spec: dict) -> np.ndarray:
         return np.asarray(array).astype(np.float32).astype(dtype)
 
 
+def _float32(value: float) -> float:
+    """The value of a FLOAT attribute (float32: beyond its range, an infinity)."""
+    with np.errstate(over="ignore"):
+        return float(np.float32(value))
+
+
 def _attribute_proto(name: str, kind: str, value) -> AttributeProto:
     attribute = AttributeProto()
     attribute.name = name
     if kind == "int":
         attribute.type, attribute.i = AttributeProto.INT, int(value)
     elif kind == "float":
-        attribute.type, attribute.f = AttributeProto.FLOAT, float(np.float32(value)) if math.isfinite(value) else value
+        attribute.type, attribute.f = AttributeProto.FLOAT, _float32(value)
     elif kind == "ints":
         attribute.type = AttributeProto.INTS
         attribute.ints.extend(value)
@@ -503,7 +517,7 @@ def judge(node: dict, arrays: dict) -> tuple[str | None, dict]:
         elif name == "epsilon":
             if kind != "float":
                 return "epsilon type", {}
-            params["epsilon"] = float(np.float32(value)) if math.isfinite(value) else value
+            params["epsilon"] = _float32(value)
         elif name in ("eps_outside_sqrt", "normalize_float32_sum"):
             if name == "normalize_float32_sum" and not skip:
                 return "normalize_float32_sum on RMSNorm", {}

@@ -44,12 +44,12 @@ class Placeholder:
         self.shape, self.dtype = tuple(shape), np.dtype(dtype)
 
 
-def session_options(library: str) -> ort.SessionOptions:
+def session_options(library: str, threads: int = 1) -> ort.SessionOptions:
     options = ort.SessionOptions()
     # Each tensor its own malloc, so that AddressSanitizer's redzones surround every buffer the kernels touch.
     options.enable_cpu_mem_arena = False
     options.enable_mem_pattern = False
-    options.intra_op_num_threads = 1
+    options.intra_op_num_threads = threads
     options.log_severity_level = 4
     options.register_custom_ops_library(library)
     return options
@@ -206,8 +206,8 @@ def _run(case: dict, library: str, feeds: dict, valid: bool):
     """(produced {output name: array}, None) or (None, the verdict of the error)."""
     model, _ = build(case)
     try:
-        session = ort.InferenceSession(model.SerializeToString(), session_options(library),
-                                       providers=["CPUExecutionProvider"])
+        options = session_options(library, case.get("threads", 1))
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     except Exception as error:  # noqa: BLE001 - every onnxruntime error type is judged by its text
         return None, classify_error("creation", error, valid)
     try:
