@@ -20,6 +20,7 @@ import collections
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -79,15 +80,17 @@ class Child:
             with open(os.path.join(self.logs, name), errors="replace") as f:
                 text = f.read().strip()
             if text:
-                texts.append(f"--- {name}\n{text[-6000:]}")
+                texts.append(f"--- {name}\n{text[:6000]}")  # a report's first lines and frames say the most
         return "\n".join(texts)
 
     def stop(self) -> str:
+        """Ends the child and removes its logs (read them first); says how it ended."""
         if self.process.poll() is None:
             self.process.kill()
         self.process.wait()
         status = self.process.returncode
         self.stderr.close()
+        shutil.rmtree(self.logs, ignore_errors=True)
         if status is not None and status < 0:
             return f"killed by signal {signal.Signals(-status).name}"
         return f"exit status {status}"
@@ -146,14 +149,17 @@ def run(args) -> int:
             except subprocess.TimeoutExpired:
                 pass
             alive = child.process.poll() is None
+            reports = child.reports()
             how = child.stop()
             verdict = {"ok": False, "outcome": "timeout" if alive else "child-died",
                        "detail": f"the worker {'did not finish within %gs' % args.timeout if alive else 'died'} ({how})"}
-            report_failure(case_id, verdict, child.reports())
+            report_failure(case_id, verdict, reports)
             child = None
         elif not verdict["ok"]:
             report_failure(case_id, verdict)
         counts[verdict["outcome"]] += 1
+        if args.replay:
+            print(f"{case_id}: {verdict['outcome']}: {verdict.get('detail', '')}")
         if log:
             log.write(json.dumps({"id": case_id, **verdict}) + "\n")
         from adversarial.cases import generate
