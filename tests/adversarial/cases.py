@@ -459,7 +459,8 @@ def build(case: dict) -> tuple[onnx.ModelProto, dict]:
 
 
 def broadcastable(shape, x_shape, axis: int) -> bool:
-    """The scale/bias rule: right-aligned onto X.shape[axis:], each dim equal or 1, extra leading dims 1, rank <= X's."""
+    """The scale/bias rule: right-aligned onto X.shape[axis:], each dim equal or 1, extra leading dims 1, rank at most
+    X's."""
     normalized = list(x_shape[axis:])
     if len(shape) > len(x_shape):
         return False

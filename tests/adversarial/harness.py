@@ -151,8 +151,9 @@ def run(args) -> int:
             alive = child.process.poll() is None
             reports = child.reports()
             how = child.stop()
+            what = f"did not finish within {args.timeout:g} s" if alive else "died"
             verdict = {"ok": False, "outcome": "timeout" if alive else "child-died",
-                       "detail": f"the worker {'did not finish within %gs' % args.timeout if alive else 'died'} ({how})"}
+                       "detail": f"the worker {what} ({how})"}
             report_failure(case_id, verdict, reports)
             child = None
         elif not verdict["ok"]:
