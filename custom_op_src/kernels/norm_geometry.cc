@@ -1,5 +1,7 @@
 #include "norm_geometry.h"
 
+#include <algorithm>
+
 namespace ort_rmsnorm {
 
 std::string ShapeToString(const Shape& shape) {
@@ -11,6 +13,29 @@ std::string ShapeToString(const Shape& shape) {
   return text + "]";
 }
 
+namespace {
+
+// The product of dims [begin, end) of `shape`: 0 when one of them is 0, else -1 when one is not known statically
+// (negative), else their product, or -1 with *overflow set when that exceeds int64.
+int64_t DimProduct(const Shape& shape, size_t begin, size_t end, bool* overflow) {
+  int64_t product = 1;
+  bool unknown = false;
+  for (size_t i = begin; i < end; ++i) {
+    if (shape[i] == 0) return 0;
+    if (shape[i] < 0) unknown = true;
+  }
+  if (unknown) return -1;
+  for (size_t i = begin; i < end; ++i) {
+    if (__builtin_mul_overflow(product, shape[i], &product)) {
+      *overflow = true;
+      return -1;
+    }
+  }
+  return product;
+}
+
+}  // namespace
+
 std::string ResolveGeometry(const Shape& x_shape, int64_t axis, NormGeometry* geometry) {
   const int64_t rank = static_cast<int64_t>(x_shape.size());
   if (rank == 0) return "X is a scalar; it needs at least one dim to normalize";
@@ -19,10 +44,21 @@ std::string ResolveGeometry(const Shape& x_shape, int64_t axis, NormGeometry* ge
            " (valid: " + std::to_string(-rank) + " to " + std::to_string(rank - 1) + ")";
   }
   geometry->axis = static_cast<size_t>(axis < 0 ? axis + rank : axis);
-  geometry->rows = 1;
-  geometry->cols = 1;
   geometry->normalized_shape.assign(x_shape.begin() + static_cast<std::ptrdiff_t>(geometry->axis), x_shape.end());
-  for (size_t i = 0; i < x_shape.size(); ++i) (i < geometry->axis ? geometry->rows : geometry->cols) *= x_shape[i];
+  bool overflow = false;
+  geometry->rows = DimProduct(x_shape, 0, geometry->axis, &overflow);
+  geometry->cols = DimProduct(x_shape, geometry->axis, x_shape.size(), &overflow);
+  if (geometry->rows == 0 || geometry->cols == 0) {
+    // Empty: onnxruntime makes empty tensors whose other dims multiply past int64; nothing is read or written.
+    geometry->rows = geometry->cols = 0;
+    return "";
+  }
+  // Only a shape with every dim known has a count to check (a dynamic dim may still be 0 at run time).
+  const bool known = std::none_of(x_shape.begin(), x_shape.end(), [](int64_t d) { return d < 0; });
+  int64_t elements = 0;
+  if (known && (overflow || __builtin_mul_overflow(geometry->rows, geometry->cols, &elements))) {
+    return "X of shape " + ShapeToString(x_shape) + " has more elements than a 64-bit count holds";
+  }
   return "";
 }
 

@@ -22,7 +22,8 @@ inline int64_t ElementCount(const Shape& shape) {
   return count;
 }
 
-// X viewed as [rows, cols]: the dims [axis, rank) are normalized together.
+// X viewed as [rows, cols]: the dims [axis, rank) are normalized together. An empty X has rows = cols = 0; in a
+// declared shape, rows or cols is -1 when a dim it spans is not known statically (or the product overflows).
 struct NormGeometry {
   size_t axis = 0;  // non-negative
   int64_t rows = 0;
@@ -30,7 +31,8 @@ struct NormGeometry {
   Shape normalized_shape;  // X.shape[axis:]
 };
 
-// Fills `geometry` or returns an error message ("axis -3 is out of range for X of shape [4, 8]").
+// Fills `geometry` or returns an error message ("axis -3 is out of range for X of shape [4, 8]"; also when every dim
+// is known and the element count exceeds int64).
 std::string ResolveGeometry(const Shape& x_shape, int64_t axis, NormGeometry* geometry);
 
 // How a valid scale is laid over one row of `cols` elements.

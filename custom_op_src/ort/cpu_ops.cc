@@ -118,8 +118,9 @@ class CpuNormKernel {
     HostColumns host = ToHostColumns<E>(kernels_, tensor);
     if (!x || !x->normalized_dims_known) return host;
     const NormGeometry& geometry = x->geometry;
-    if (attributes_.ScaleLayoutFor(host.shape, x->x_shape, geometry, input.name) == ScaleLayout::kBroadcast) {
-      const int64_t cols = ElementCount(geometry.normalized_shape);
+    if (attributes_.ScaleLayoutFor(host.shape, x->x_shape, geometry, input.name) == ScaleLayout::kBroadcast &&
+        ExpandAtCreation(geometry)) {
+      const int64_t cols = geometry.cols;
       host.expanded.resize(static_cast<size_t>(cols));
       ExpandScale(host.values.data(), attributes_.BroadcastFor(host.shape, geometry, input.name), cols,
                   host.expanded.data());
@@ -133,7 +134,11 @@ class CpuNormKernel {
   const float* LayOut(const float* values, const Shape& shape, const NormCall& call, const char* name,
                       int slot) const {
     const NormGeometry& geometry = call.geometry;
-    if (attributes_.ScaleLayoutFor(shape, call.x_shape, geometry, name) == ScaleLayout::kPerElement) return values;
+    // An empty X reads no column (and its normalized dims may multiply past int64).
+    if (attributes_.ScaleLayoutFor(shape, call.x_shape, geometry, name) == ScaleLayout::kPerElement ||
+        geometry.cols == 0) {
+      return values;
+    }
     float* expanded = ThreadFloats(slot, static_cast<size_t>(geometry.cols));
     ExpandScale(values, attributes_.BroadcastFor(shape, geometry, name), geometry.cols, expanded);
     return expanded;

@@ -175,8 +175,8 @@ class CudaNormKernel {
     if (!x || !constant || !x->normalized_dims_known) return;
     const ScaleLayout layout = attributes_.ScaleLayoutFor(constant->shape, x->x_shape, x->geometry, name);
     if (!NeedsExpansion(layout, constant->shape, type, to_float32)) return;
-    const int64_t cols = ElementCount(x->geometry.normalized_shape);
-    if (cols == 0) return;
+    if (!ExpandAtCreation(x->geometry)) return;
+    const int64_t cols = x->geometry.cols;
     auto expanded = std::make_unique<DeviceBuffer>(allocator_.get(), static_cast<size_t>(cols) * sizeof(float));
     const std::string what = std::string("expanding the constant ") + name;
     CheckCuda(cuda::LaunchExpandScale(constant->values->data(), type,

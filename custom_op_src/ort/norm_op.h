@@ -38,9 +38,17 @@ Shape ShapeOf(const Ort::ConstValue& value);
 // X's shape as the model declares it (dims may be -1: dynamic), when its rank is known.
 struct StaticInput {
   Shape x_shape;
-  NormGeometry geometry;  // only `axis` and `normalized_shape` are meaningful (rows/cols may involve -1)
+  NormGeometry geometry;  // rows/cols are -1 where X's declared dims are not all known
   bool normalized_dims_known;
 };
+
+// Whether a constant scale or bias that broadcasts is expanded over X's declared normalized dims once, at kernel
+// creation: when they are known, non-empty and at most 2^22 elements. A declared shape is the model's word, not a
+// tensor: larger (or overflowing) rows are expanded per call, sized by the X actually given.
+inline bool ExpandAtCreation(const NormGeometry& geometry) {
+  constexpr int64_t kMaxColumnsExpandedAtCreation = int64_t{1} << 22;
+  return geometry.cols > 0 && geometry.cols <= kMaxColumnsExpandedAtCreation;
+}
 
 // One node: its attributes, validated at kernel creation, and the contract's checks of its inputs. Every check
 // fails with an error naming the op and the node.
