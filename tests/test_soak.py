@@ -6,6 +6,7 @@ leak of 1 KiB per run."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +27,7 @@ def test_short_soak_finds_no_leak():
     result = soak(*SHORT)
     assert result.returncode == 0, result.stdout + result.stderr
     for phase in ("small", "large", "sessions"):
-        assert f"{phase} after warm-up" in result.stdout, result.stdout
+        assert re.search(rf"^{phase} +after warm-up", result.stdout, re.MULTILINE), result.stdout
     assert result.stdout.rstrip().endswith("soak: ok")
 
 
