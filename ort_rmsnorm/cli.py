@@ -183,6 +183,7 @@ def run_fuse(args: argparse.Namespace) -> int:
         model_io.check_output_path(args.report, [], external_data=False)
         model_io.refuse_overwriting(args.report, [*protected, *outputs], "the input or output")
 
+    note_leftover_temporaries(args.destination)
     progress.stage(f"fusing (target {args.target})")
     from .fusion import fuse_model  # imports onnxscript: after the input checks, which fail fast without it
 
@@ -207,6 +208,16 @@ def run_fuse(args: argparse.Namespace) -> int:
     return run_verification(args.source, args.destination, verification_inputs, args)
 
 
+def note_leftover_temporaries(destination: Path) -> None:
+    """A note on stderr for each temporary of ``destination`` already there. They are not removed: one left by a
+    killed run looks the same as one a run writing the same output right now is using."""
+    from .model_io import leftover_temporaries
+
+    for path in leftover_temporaries(destination):
+        print(f"{PROG} fuse: note: {path}: a temporary left by an interrupted run (or one writing {destination} now); "
+              "remove it when no run is writing there", file=sys.stderr)
+
+
 def run_fuse_folder(args: argparse.Namespace, verification_inputs: VerificationInputs | None) -> int:
     from . import folders, model_io
 
@@ -215,6 +226,7 @@ def run_fuse_folder(args: argparse.Namespace, verification_inputs: VerificationI
             if folders.inside(args.report.resolve(), folder.resolve()):
                 raise UsageError(f"--report {args.report}: may not be inside the input or output folder {folder}")
         model_io.check_output_path(args.report, [], external_data=False)
+    note_leftover_temporaries(args.destination)
     progress = Progress(args.quiet)
     report = folders.fuse_folder(args.source, args.destination, args.target, replace=args.replace,
                                  allow_opset_upgrade=args.convert_opset, progress=progress.stage,
