@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ from .contract import DEFAULT_TARGET, TARGETS
 
 PROG = "ort-rmsnorm"
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process that SIGINT ended
 
 
 class UsageError(Exception):
@@ -401,16 +403,31 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    name = PROG
     try:
+        args = build_parser().parse_args(argv)  # imports the subcommands' modules: an interrupt may land here too
+        name = f"{PROG} {args.command}"
         return args.run(args)
     except _expected_errors() as error:
-        print(f"{PROG} {args.command}: error: {error}", file=sys.stderr)
+        print(f"{name}: error: {error}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print(f"{PROG} {args.command}: interrupted", file=sys.stderr)
-        return 130
+        print(f"{name}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def console_main() -> None:
+    """The program's entry point (``ort-rmsnorm``, ``python -m ort_rmsnorm.cli``): :func:`main`'s status as the
+    process's. After an interruption it leaves through ``os._exit``: CPython ends the process by SIGINT at exit, even
+    after :func:`main` handled the interrupt, when the KeyboardInterrupt passed through an extension's embedded
+    Python code (an interrupt during fusing then gave status -2 instead of 130). Everything was cleaned up by then."""
+    status = main()
+    if status == EXIT_INTERRUPTED:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    sys.exit(status)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    console_main()
