@@ -40,6 +40,8 @@ KINDS = ("inline", "external", "folder")
 ERROR_LINE = re.compile(r"^ort-rmsnorm fuse: error: \S.*$")
 WRITING_LINE = re.compile(r"^\[\s*[\d.]+s\] (\[\d+/\d+\] )?writing ")
 
+pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs POSIX signals (SIGKILL)")
+
 
 class Fuse:
     """`ort-rmsnorm fuse SOURCE OUT ...` running in a subprocess, its stderr read as it comes."""
