@@ -408,19 +408,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)  # imports the subcommands' modules: an interrupt may land here too
         name = f"{PROG} {args.command}"
         return args.run(args)
+    except KeyboardInterrupt:  # first: the next clause imports modules, which an interrupt may have left half-made
+        print(f"{name}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except _expected_errors() as error:
         print(f"{name}: error: {error}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print(f"{name}: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
 
 
 def console_main() -> None:
     """The program's entry point (``ort-rmsnorm``, ``python -m ort_rmsnorm.cli``): :func:`main`'s status as the
     process's. After an interruption it leaves through ``os._exit``: CPython ends the process by SIGINT at exit, even
-    after :func:`main` handled the interrupt, when the KeyboardInterrupt passed through an extension's embedded
-    Python code (an interrupt during fusing then gave status -2 instead of 130). Everything was cleaned up by then."""
+    after :func:`main` handled the interrupt, when the KeyboardInterrupt passed through an ``eval()`` of a string
+    (``collections.namedtuple`` makes its classes so; an interrupt during fusing then gave status -2 instead of 130).
+    Everything was cleaned up by then."""
     status = main()
     if status == EXIT_INTERRUPTED:
         sys.stdout.flush()
