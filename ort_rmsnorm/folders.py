@@ -409,7 +409,7 @@ def _copy(source: Path, staging: Path, relative: str) -> None:
     try:
         shutil.copy2(source, destination)  # follows symbolic links: the output holds the files themselves
     except OSError as error:
-        raise FolderError(f"{source}: cannot copy it to the output folder: {error.strerror or error}") from None
+        raise FolderError(f"{source}: cannot copy it to {destination}: {error.strerror or error}") from None
 
 
 def _check_complete(staging: Path, written: list[str]) -> None:

@@ -134,10 +134,12 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
     data), each in a folder of its own."""
     root = tmp_path_factory.mktemp("fault_inputs")
     proto = build_llama_onnx(KILL_LLAMA)
-    for kind in ("inline", "external"):
+    for kind in ("inline", "external", "other"):
         (root / kind).mkdir()
-        model_io.save_model(proto, root / kind / "model.onnx", external_data=kind == "external")
+        model = build_llama_onnx(KILL_LLAMA, seed=1) if kind == "other" else proto
+        model_io.save_model(model, root / kind / "model.onnx", external_data=kind != "inline")
     return {"inline": root / "inline" / "model.onnx", "external": root / "external" / "model.onnx",
+            "other": root / "other" / "model.onnx",  # "external" with other weights
             "folder": write_onnx_folder(root / "folder" / "model")}
 
 
@@ -305,6 +307,19 @@ def test_two_runs_writing_the_same_file_at_once(kind, inputs, clean, tmp_path):
     assert _output_digest(kind, out) == clean[kind].digest
     assert not _temporaries(out)
     assert _input_digest(source) == before
+
+
+def test_two_runs_of_different_models_writing_the_same_file_at_once(inputs, clean, tmp_path):
+    out = tmp_path / "out.onnx"
+    assert clean["external"].digest != clean["other"].digest
+    before = {kind: _input_digest(inputs[kind]) for kind in ("external", "other")}
+    runs = [Fuse(inputs["external"], out), Fuse(inputs["other"], out)]
+    for run in runs:
+        assert run.finish() == 0, run.stderr
+    # The model and data of whichever run renamed its pair last: never one's model next to the other's data.
+    assert _output_digest("external", out) in (clean["external"].digest, clean["other"].digest)
+    assert not _temporaries(out)
+    assert {kind: _input_digest(inputs[kind]) for kind in ("external", "other")} == before
 
 
 def test_two_runs_writing_the_same_folder_at_once(inputs, clean, tmp_path):
