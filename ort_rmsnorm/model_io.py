@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import tempfile
@@ -310,7 +311,7 @@ def leftover_temporaries(output: str | os.PathLike) -> list[Path]:
 def _directory_lock(directory: Path):
     """An exclusive lock on ``directory`` (flock(2), released by the kernel when the process dies): two processes
     renaming their model and data files into the same directory do so one after the other, never interleaved into
-    one's model next to the other's data. No lock where the platform has no flock."""
+    one's model next to the other's data. No lock where the platform or the file system has none."""
     try:
         import fcntl
     except ImportError:
@@ -318,7 +319,11 @@ def _directory_lock(directory: Path):
         return
     descriptor = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
+        except OSError as error:  # a file system without locks (some network ones): rename unlocked
+            if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+                raise
         yield
     finally:
         os.close(descriptor)  # releases the lock
