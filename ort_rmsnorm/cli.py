@@ -420,7 +420,7 @@ def console_main() -> None:
     """The program's entry point (``ort-rmsnorm``, ``python -m ort_rmsnorm.cli``): :func:`main`'s status as the
     process's. After an interruption it leaves through ``os._exit``: CPython ends the process by SIGINT at exit, even
     after :func:`main` handled the interrupt, when the KeyboardInterrupt passed through an ``eval()`` of a string
-    (``collections.namedtuple`` makes its classes so; an interrupt during fusing then gave status -2 instead of 130).
+    (``collections.namedtuple`` makes its classes so: an interrupt during fusing would end with status -2, not 130).
     Everything was cleaned up by then."""
     status = main()
     if status == EXIT_INTERRUPTED:
