@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ from .contract import DEFAULT_TARGET, TARGETS
 
 PROG = "ort-rmsnorm"
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process that SIGINT ended
 
 
 class UsageError(Exception):
@@ -183,6 +185,7 @@ def run_fuse(args: argparse.Namespace) -> int:
         model_io.check_output_path(args.report, [], external_data=False)
         model_io.refuse_overwriting(args.report, [*protected, *outputs], "the input or output")
 
+    note_leftover_temporaries(args.destination)
     progress.stage(f"fusing (target {args.target})")
     from .fusion import fuse_model  # imports onnxscript: after the input checks, which fail fast without it
 
@@ -207,6 +210,16 @@ def run_fuse(args: argparse.Namespace) -> int:
     return run_verification(args.source, args.destination, verification_inputs, args)
 
 
+def note_leftover_temporaries(destination: Path) -> None:
+    """A note on stderr for each temporary of ``destination`` already there. They are not removed: one left by a
+    killed run looks the same as one a run writing the same output right now is using."""
+    from .model_io import leftover_temporaries
+
+    for path in leftover_temporaries(destination):
+        print(f"{PROG} fuse: note: {path}: a temporary left by an interrupted run (or one writing {destination} now); "
+              "remove it when no run is writing there", file=sys.stderr)
+
+
 def run_fuse_folder(args: argparse.Namespace, verification_inputs: VerificationInputs | None) -> int:
     from . import folders, model_io
 
@@ -215,6 +228,7 @@ def run_fuse_folder(args: argparse.Namespace, verification_inputs: VerificationI
             if folders.inside(args.report.resolve(), folder.resolve()):
                 raise UsageError(f"--report {args.report}: may not be inside the input or output folder {folder}")
         model_io.check_output_path(args.report, [], external_data=False)
+    note_leftover_temporaries(args.destination)
     progress = Progress(args.quiet)
     report = folders.fuse_folder(args.source, args.destination, args.target, replace=args.replace,
                                  allow_opset_upgrade=args.convert_opset, progress=progress.stage,
@@ -389,16 +403,32 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    name = PROG
     try:
+        args = build_parser().parse_args(argv)  # imports the subcommands' modules: an interrupt may land here too
+        name = f"{PROG} {args.command}"
         return args.run(args)
+    except KeyboardInterrupt:  # first: the next clause imports modules, which an interrupt may have left half-made
+        print(f"{name}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except _expected_errors() as error:
-        print(f"{PROG} {args.command}: error: {error}", file=sys.stderr)
+        print(f"{name}: error: {error}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print(f"{PROG} {args.command}: interrupted", file=sys.stderr)
-        return 130
+
+
+def console_main() -> None:
+    """The program's entry point (``ort-rmsnorm``, ``python -m ort_rmsnorm.cli``): :func:`main`'s status as the
+    process's. After an interruption it leaves through ``os._exit``: CPython ends the process by SIGINT at exit, even
+    after :func:`main` handled the interrupt, when the KeyboardInterrupt passed through an ``eval()`` of a string
+    (``collections.namedtuple`` makes its classes so: an interrupt during fusing would end with status -2, not 130).
+    Everything was cleaned up by then."""
+    status = main()
+    if status == EXIT_INTERRUPTED:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    sys.exit(status)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    console_main()

@@ -27,6 +27,7 @@ swapped in one step where the system can, :func:`_exchange`). The input folder i
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import dataclasses
@@ -303,45 +304,63 @@ def fuse_folder(
     report = FolderReport(str(source), str(destination), layout.kind, target)
     staging = _staging_folder(destination)
     try:
-        models: dict[str, ir.Model] = {}
-        data_files: dict[str, set[Path]] = {}
-        notes: dict[str, list[str]] = {}
-        for index, component in enumerate(layout.components, 1):
-            say(f"[{index}/{len(layout.components)}] loading {component.path}")
-            model = model_io.load_model(source / component.path, notes.setdefault(component.path, []))
-            models[component.path], data_files[component.path] = model, model_io.external_data_files(model)
-        for relative in _copied_files(layout, data_files):
-            _copy(source / relative, staging / relative)
-            report.copied.append(relative)
-        for index, component in enumerate(layout.components, 1):
-            model = models.pop(component.path)
-            say(f"[{index}/{len(layout.components)}] fusing {component.path} (target {target})")
-            try:
-                fusion_report = fuse_model(model, target, allow_opset_upgrade=allow_opset_upgrade)
-            except ValueError as error:  # onnx's version converter refusing the model
-                raise FolderError(f"{source / component.path}: {model_io.one_line(error)}") from None
-            fusion_report.notes[:0] = notes[component.path]
-            say(f"[{index}/{len(layout.components)}] writing {component.path}: {len(fusion_report.fusions)} fused, "
-                f"{len(fusion_report.skipped)} skipped")
-            output = staging / component.path
-            output.parent.mkdir(parents=True, exist_ok=True)
-            data = model_io.save_model(model, output, protected=[source / component.path, *data_files[component.path]],
-                                       on_tensor_written=on_tensor_written)
-            report.models.append(ModelResult(component.path, fusion_report, _uses_domain(model, OP_DOMAIN),
-                                             data.relative_to(staging).as_posix() if data else None))
-        if any(result.uses_library for result in report.models):
-            library = Path(get_library_path())
-            _copy(library, staging / library.name)
-            report.library = library.name
-        if layout.kind == KIND_GENAI:
-            _write_genai_config(layout, report, staging)
-        say(f"writing {destination}")
-        _sync_tree(staging)
-        _publish(staging, destination)
+        _fill_and_publish(layout, source, staging, destination, report, replace=replace,
+                          allow_opset_upgrade=allow_opset_upgrade, say=say, on_tensor_written=on_tensor_written)
+    except OSError as error:  # the output's file system: full, read-only, the folder removed meanwhile
+        raise FolderError(f"{destination}: cannot write the output folder: {error.strerror or error}"
+                          + (f" ({error.filename})" if error.filename else "")) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     say("done")
     return report
+
+
+def _fill_and_publish(layout: Layout, source: Path, staging: Path, destination: Path, report: FolderReport, *,
+                      replace: bool, allow_opset_upgrade: bool, say: Callable[[str], None],
+                      on_tensor_written: Callable[[int, int], None] | None) -> None:
+    """Writes the fused folder into ``staging`` and renames it to ``destination`` once complete."""
+    target = report.target
+    written: list[str] = []  # every file the output folder must hold, relative to it
+    models: dict[str, ir.Model] = {}
+    data_files: dict[str, set[Path]] = {}
+    notes: dict[str, list[str]] = {}
+    for index, component in enumerate(layout.components, 1):
+        say(f"[{index}/{len(layout.components)}] loading {component.path}")
+        model = model_io.load_model(source / component.path, notes.setdefault(component.path, []))
+        models[component.path], data_files[component.path] = model, model_io.external_data_files(model)
+    for relative in _copied_files(layout, data_files):
+        _copy(source / relative, staging, relative)
+        report.copied.append(relative)
+        written.append(relative)
+    for index, component in enumerate(layout.components, 1):
+        model = models.pop(component.path)
+        say(f"[{index}/{len(layout.components)}] fusing {component.path} (target {target})")
+        try:
+            fusion_report = fuse_model(model, target, allow_opset_upgrade=allow_opset_upgrade)
+        except ValueError as error:  # onnx's version converter refusing the model
+            raise FolderError(f"{source / component.path}: {model_io.one_line(error)}") from None
+        fusion_report.notes[:0] = notes[component.path]
+        say(f"[{index}/{len(layout.components)}] writing {component.path}: {len(fusion_report.fusions)} fused, "
+            f"{len(fusion_report.skipped)} skipped")
+        output = _make_parents(staging, component.path) / PurePosixPath(component.path).name
+        data = model_io.save_model(model, output, protected=[source / component.path, *data_files[component.path]],
+                                   on_tensor_written=on_tensor_written)
+        data_relative = data.relative_to(staging).as_posix() if data else None
+        report.models.append(ModelResult(component.path, fusion_report, _uses_domain(model, OP_DOMAIN),
+                                         data_relative))
+        written += [component.path, *([data_relative] if data_relative else [])]
+    if any(result.uses_library for result in report.models):
+        library = Path(get_library_path())
+        _copy(library, staging, library.name)
+        report.library = library.name
+        written.append(library.name)
+    if layout.kind == KIND_GENAI:
+        _write_genai_config(layout, report, staging)
+        written.append(GENAI_CONFIG)
+    say(f"writing {destination}")
+    _sync_tree(staging)
+    _check_complete(staging, written)
+    _publish(staging, destination, replace=replace)
 
 
 def _staging_folder(destination: Path) -> Path:
@@ -372,12 +391,33 @@ def _copied_files(layout: Layout, data_files: Mapping[str, set[Path]]) -> list[s
     return copied
 
 
-def _copy(source: Path, destination: Path) -> None:
-    destination.parent.mkdir(parents=True, exist_ok=True)
+def _make_parents(staging: Path, relative: str) -> Path:
+    """Makes the folders of ``relative`` inside ``staging`` (which must exist: a staging folder removed meanwhile is
+    not made again, which would publish a folder missing what was written before) and returns the innermost."""
+    directory = staging
+    for part in PurePosixPath(relative).parent.parts:
+        directory = directory / part
+        with contextlib.suppress(FileExistsError):
+            directory.mkdir()
+    if not staging.is_dir():
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(staging))
+    return directory
+
+
+def _copy(source: Path, staging: Path, relative: str) -> None:
+    destination = _make_parents(staging, relative) / PurePosixPath(relative).name
     try:
         shutil.copy2(source, destination)  # follows symbolic links: the output holds the files themselves
     except OSError as error:
-        raise FolderError(f"{source}: cannot copy it to the output folder: {error.strerror or error}") from None
+        raise FolderError(f"{source}: cannot copy it to {destination}: {error.strerror or error}") from None
+
+
+def _check_complete(staging: Path, written: list[str]) -> None:
+    """Refuses to publish a staging folder that lost a file it was given (removed by someone else meanwhile)."""
+    missing = [relative for relative in written if not (staging / relative).is_file()]
+    if missing:
+        raise FolderError(f"{staging}: the temporary output folder lost {', '.join(missing)} while it was written "
+                          "(removed by another process?); nothing was published")
 
 
 def _write_genai_config(layout: Layout, report: FolderReport, staging: Path) -> None:
@@ -407,7 +447,7 @@ def _write_genai_config(layout: Layout, report: FolderReport, staging: Path) -> 
     if report.config_changes:
         (staging / GENAI_CONFIG).write_text(json.dumps(config, indent=4) + "\n", encoding="utf-8")
     else:
-        _copy(layout.root / GENAI_CONFIG, staging / GENAI_CONFIG)  # byte for byte
+        _copy(layout.root / GENAI_CONFIG, staging, GENAI_CONFIG)  # byte for byte
         report.copied.append(GENAI_CONFIG)
 
 
@@ -429,6 +469,8 @@ def _sync_tree(root: Path) -> None:
         _fsync(Path(directory))
 
 
+_NOT_EMPTY_NOW = ("{destination}: the output folder was written by another process while this one ran; "
+                  "nothing was replaced (--replace replaces it as a whole)")
 _RENAME_EXCHANGE = 2  # renameat2(2)'s flag: swap two paths atomically (Linux 3.15, glibc 2.28)
 _AT_FDCWD = -100
 
@@ -447,11 +489,19 @@ def _exchange(first: Path, second: Path) -> bool:
     raise OSError(error, os.strerror(error), str(second))
 
 
-def _publish(staging: Path, destination: Path) -> None:
-    """Moves the complete staging folder to ``destination``; an existing folder is swapped out and removed."""
+def _publish(staging: Path, destination: Path, *, replace: bool) -> None:
+    """Moves the complete staging folder to ``destination``; an existing folder is swapped out and removed (only
+    with ``replace``: one that another run filled since :func:`check_destination` is refused)."""
     try:
         if not destination.exists() or not any(destination.iterdir()):
-            os.replace(staging, destination)  # rename(2) replaces an empty directory
+            try:
+                os.replace(staging, destination)  # rename(2) replaces an empty directory
+            except OSError as error:
+                if error.errno not in (errno.ENOTEMPTY, errno.EEXIST) or replace:
+                    raise
+                raise FolderError(_NOT_EMPTY_NOW.format(destination=destination)) from None
+        elif not replace:
+            raise FolderError(_NOT_EMPTY_NOW.format(destination=destination))
         elif _exchange(staging, destination):
             shutil.rmtree(staging)  # now the previous folder
         else:

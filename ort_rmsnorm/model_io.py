@@ -7,11 +7,14 @@
 - :func:`save_model`: atomic writes. Everything is written into a temporary directory next to the destination,
   flushed to disk and renamed into place, so an interrupted or failed save leaves no partial output. External data
   goes next to the output under the output's own name (``OUT.onnx.data``); the input's data files are only read.
+  Temporaries are named ``.NAME.tmp-*`` (:func:`leftover_temporaries`); one left by a killed process stays until
+  removed by hand, as a later run cannot tell it from the temporary of a run still writing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import tempfile
@@ -291,20 +294,63 @@ def _fsync(path: Path) -> None:
         os.close(descriptor)
 
 
+TEMPORARY_MARKERS = (".tmp-", ".old-")
+"""A temporary of the output ``NAME`` is named ``.NAME`` + marker + random characters, in ``NAME``'s directory."""
+
+
+def leftover_temporaries(output: str | os.PathLike) -> list[Path]:
+    """Temporaries of ``output`` in its directory: left by a run that was killed, or belonging to one still
+    writing (nothing tells them apart)."""
+    output = Path(output)
+    with contextlib.suppress(OSError):
+        return sorted(path for marker in TEMPORARY_MARKERS for path in output.parent.glob(f".{output.name}{marker}*"))
+    return []
+
+
+@contextlib.contextmanager
+def _directory_lock(directory: Path):
+    """An exclusive lock on ``directory`` (flock(2), released by the kernel when the process dies): two processes
+    renaming their model and data files into the same directory do so one after the other, never interleaved into
+    one's model next to the other's data. No lock where the platform or the file system has none."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    descriptor = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
+        except OSError as error:  # a file system without locks (some network ones): rename unlocked
+            if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+        yield
+    finally:
+        os.close(descriptor)  # releases the lock
+
+
 def _move_into_place(staged_files: list[Path], directory: Path) -> None:
     """Renames the staged files into ``directory`` in order (the model file last: whoever sees it finds its data
-    complete); if a rename fails, the files already moved are removed again so that no partial output remains."""
+    complete); if a rename fails, the files already moved are removed again so that no partial output remains.
+
+    A model and its data file cannot be renamed in one step, so with several files a previous model of that name is
+    removed first: a process killed between the renames leaves no model rather than the previous model next to the
+    new data, which it would read at the wrong offsets."""
     moved: list[Path] = []
-    try:
-        for staged in staged_files:
-            os.replace(staged, directory / staged.name)
-            moved.append(directory / staged.name)
-        _fsync(directory)
-    except BaseException:
-        for path in moved:
-            with contextlib.suppress(OSError):
-                path.unlink()
-        raise
+    with _directory_lock(directory):
+        try:
+            if len(staged_files) > 1:
+                with contextlib.suppress(FileNotFoundError):
+                    (directory / staged_files[-1].name).unlink()
+            for staged in staged_files:
+                os.replace(staged, directory / staged.name)
+                moved.append(directory / staged.name)
+            _fsync(directory)
+        except BaseException:
+            for path in moved:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+            raise
 
 
 def _load_external_tensors(model: ir.Model, max_bytes: int | None) -> None:

@@ -1,7 +1,12 @@
-"""Concurrency: one session run from many threads at once, and many sessions (different types and attributes)
-created and run concurrently in one process. Each input is first run once, alone, and checked against the float64
+"""Concurrency through onnxruntime: one session run from 16 threads at once; many sessions (different types and
+attributes) created from many threads and run concurrently; sessions created and destroyed, the library registered
+for each, while other sessions keep running. Each input is first run once, alone, and checked against the float64
 reference; every concurrent run must then reproduce that output bit for bit (rows are independent, so neither the
-caller's threads nor the intra-op pool may change a single bit)."""
+caller's threads nor the intra-op pool may change a single bit).
+
+onnxruntime itself is not built with ThreadSanitizer instrumentation, so a data race inside a session would go
+unseen by it: ThreadSanitizer covers the kernels, called from many threads without onnxruntime
+(``scripts/test-tsan``), and these tests cover the sessions, by their results."""
 
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ from op_models import norm_model
 from ort_rmsnorm.runtime import make_session, run
 from reference import BFLOAT16, assert_matches_reference, random_array, rmsnorm, tolerance
 
-THREADS = 8
+THREADS = 16
 RUNS_PER_THREAD = 12
 # Rows per call: the small ones run inline on the caller's thread, 600 rows of 8 x 96 (1.8 MB for float32) are split
 # over the intra-op pool.
@@ -183,3 +188,55 @@ def test_sessions_that_differ_only_in_epsilon_placement_give_distinguishable_res
     results = [run(make_session(v.model()), feeds)[0].astype(np.float64) for v in (outside, inside)]
     rtol, _ = tolerance(np.float32)
     assert np.max(np.abs(results[0] - results[1]) / np.abs(results[1])) > 100 * rtol
+
+
+# Sessions created and destroyed per round, each on its own thread, while the long-lived sessions keep running.
+CHURN_THREADS = 16
+CHURN_ROUNDS = 4
+CHURN_VARIANTS = ("f32_axis-2_eps_outside", "f16_f16scale_constant", "bf16_skip_eps0", "f32_constant_broadcast_scale")
+RUNNING = ("f32_axis-1", "f16_skip", "bf16_f32scale_outside")
+
+
+def test_sessions_created_and_destroyed_while_others_run(rng):
+    by_name = {v["name"]: v for v in VARIANTS}
+    running = [Variant(**by_name[name]) for name in RUNNING]
+    churned = [Variant(**by_name[name]) for name in CHURN_VARIANTS]
+    for variant in (*running, *churned):
+        variant.make_cases(rng)
+    running_sessions = [make_session(v.model(), threads=2) for v in running]
+    for variant, session in zip(running, running_sessions):
+        variant.run_alone_and_check(session)
+    for variant in churned:
+        variant.run_alone_and_check(make_session(variant.model(), threads=1))
+    models = {v.name: v.model().SerializeToString() for v in churned}
+
+    stop = threading.Event()
+    runs_while_churning = [0] * len(running)
+
+    def keep_running(index):
+        order_rng = np.random.default_rng(200 + index)
+        variant, session = running[index], running_sessions[index]
+        while not stop.is_set():
+            variant.check_again(session, int(order_rng.integers(len(variant.cases))))
+            runs_while_churning[index] += 1
+
+    def churn(thread):
+        # A new session each time: its options register the library again, then the session is run, checked and
+        # dropped (destroyed here, on this thread, while the other threads create theirs and run).
+        variant = churned[thread % len(churned)]
+        session = make_session(models[variant.name], threads=1 + thread % 2)
+        for index in range(len(variant.cases)):
+            variant.check_again(session, index)
+        del session
+        return len(variant.cases)
+
+    with ThreadPoolExecutor(len(running)) as runners:
+        futures = [runners.submit(keep_running, index) for index in range(len(running))]
+        try:
+            checked = sum(sum(_run_together(CHURN_THREADS, churn)) for _ in range(CHURN_ROUNDS))
+        finally:
+            stop.set()
+        for future in futures:
+            future.result()
+    assert checked == CHURN_ROUNDS * CHURN_THREADS * len(ROW_COUNTS)
+    assert all(count > 0 for count in runs_while_churning), runs_while_churning
