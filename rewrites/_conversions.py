@@ -192,6 +192,12 @@ class SkipNormOpConversion(pattern.RewriteRuleClassBase):
             raise NotFusable(f"{what}: the epsilon attribute is not a float", node)
         check_epsilon(epsilon, f"{what}: ", node)
         scale = scale_spec(gamma, x_shape, 1, types)
+        if scale is None and bias is not None:
+            raise NotFusable(
+                f"{what}: a bias with a gamma of ones would make a SkipRMSNorm without a scale but with a bias, which "
+                "onnxruntime 1.20 to 1.23 cannot load",
+                node,
+            )
         return NormSpec(x, x_dtype, x_shape, -1, epsilon, "inside_sqrt", scale)
 
     def rewrite(self, op, x, skip, normed, bias=None, total=None, **_):

@@ -6,8 +6,12 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from op_models import norm_model
+from op_models import RUNS_EMPTY_MIDDLE_INPUTS, norm_model
 from ort_rmsnorm.runtime import make_session, run
+
+# A SkipRMSNorm with a bias and no scale: onnxruntime 1.20-1.23 crash creating its session (op_models).
+needs_empty_middle_inputs = pytest.mark.skipif(
+    not RUNS_EMPTY_MIDDLE_INPUTS, reason="onnxruntime 1.20-1.23 crash on an empty-named scale before a bias (1.24 does not)")
 
 
 def _creation_error(model) -> str:
@@ -92,6 +96,7 @@ def test_normalize_float32_sum_is_skiprmsnorms():
     assert "RMSNorm node 'norm0': attribute 'normalize_float32_sum' is SkipRMSNorm's" in message
 
 
+@needs_empty_middle_inputs
 def test_constant_bias_not_broadcastable_at_creation():
     model = norm_model(np.float32, skip=True, x_shape=(2, 8), constant_bias=np.ones(5, np.float32))
     message = _creation_error(model)
@@ -99,6 +104,7 @@ def test_constant_bias_not_broadcastable_at_creation():
             in message)
 
 
+@needs_empty_middle_inputs
 @pytest.mark.parametrize("bias_shape", [(5,), (2, 8), (1, 1, 8)], ids=["wrong-dim", "varies-along-rows", "rank-above-x"])
 def test_input_bias_not_broadcastable_at_run_time(bias_shape):
     model = norm_model(np.float32, skip=True, x_shape=None)
@@ -111,6 +117,7 @@ def test_input_bias_not_broadcastable_at_run_time(bias_shape):
     assert "of X [2, 8]" in message
 
 
+@needs_empty_middle_inputs
 @pytest.mark.parametrize("bias_type", [TensorProto.FLOAT, TensorProto.BFLOAT16], ids=["float32", "bfloat16"])
 def test_bias_of_another_type_than_x_names_the_node(bias_type):
     """The bias has X's type (no float32 overload, unlike the scale): onnxruntime refuses others at creation."""

@@ -120,6 +120,21 @@ def test_statistics_in_use_stay(rng):
     assert entry.rule == f"Convert[{SSLN}]" and "mean or inv_std_var output is in use" in entry.reason
 
 
+def test_bias_with_a_gamma_of_ones_stays(rng):
+    """A gamma of ones (ConstantOfShape) is dropped from a converted norm; with a bias that would leave SkipRMSNorm's
+    scale empty before its bias, a node onnxruntime 1.20-1.23 crash on (docs/ops.md): not converted, and said so."""
+    model, _, _ = _model("float32", bias=True, rng=rng)
+    graph = model.graph
+    del graph.initializer[0]  # gamma
+    one = helper.make_tensor("one", TensorProto.FLOAT, [1], [1.0])
+    graph.node.insert(0, helper.make_node("Shape", ["a"], ["a_shape"]))
+    graph.node.insert(1, helper.make_node("ConstantOfShape", ["a_shape"], ["gamma"], value=one))
+    fused, report = ort_rmsnorm.fuse(model)
+    assert not fused_nodes(fused, "SkipRMSNorm") and len(fused_nodes(fused, "SkipSimplifiedLayerNormalization")) == 1
+    (entry,) = report.skipped
+    assert "a bias with a gamma of ones" in entry.reason and "1.20 to 1.23" in entry.reason, entry.reason
+
+
 def test_broadcast_skip_stays(rng):
     model, _, _ = _model("float32", skip_shape=[1, "sequence", HIDDEN], rng=rng)
     fused, report = ort_rmsnorm.fuse(model)
