@@ -18,7 +18,6 @@ the ratio of a one-node norm to the eight-node form is then bounded by that firs
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 from pathlib import Path
@@ -28,7 +27,8 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-import ort_rmsnorm
+from ort_rmsnorm.bench.profile import node_medians, profiled_runs
+from ort_rmsnorm.runtime import make_session
 
 SPELLINGS = ("SkipRMSNorm", "SkipSimplifiedLayerNormalization", "decomposed")
 EPSILON = 1e-5
@@ -85,26 +85,18 @@ def build(spelling: str, hidden: int, layers: int, with_matmuls: bool, rng: np.r
     return helper.make_model(graph, opset_imports=opsets, ir_version=9)
 
 
-def profile(model: onnx.ModelProto, runs: int, directory: Path) -> dict[str, float]:
-    """Per node name, the median `_kernel_time` in us over `runs` profiled runs (one intra-op thread)."""
-    options = ort_rmsnorm.session_options()
-    options.intra_op_num_threads = 1
+def profile(model: onnx.ModelProto, hidden: int, runs: int, directory: Path) -> dict[str, float]:
+    """Per node name, its `_kernel_time` in us, median over `runs` profiled runs after a warm-up (one thread)."""
+    options = ort.SessionOptions()
     options.enable_profiling = True
     options.profile_file_prefix = str(directory / "profile")
     # ORT_ENABLE_BASIC keeps the decomposed form as written (the extended level may fuse parts of it).
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    session = make_session(model, optimization=ort.GraphOptimizationLevel.ORT_ENABLE_BASIC, threads=1,
+                           options=options)
     rng = np.random.default_rng(1)
-    hidden = model.graph.input[0].type.tensor_type.shape.dim[2].dim_value
     feeds = {name: rng.standard_normal((1, 1, hidden)).astype(np.float32) for name in ("x", "skip")}
-    for _ in range(runs):
-        session.run(None, feeds)
-    events = json.loads(Path(session.end_profiling()).read_text())
-    spans: dict[str, list[float]] = {}
-    for event in events:
-        if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
-            spans.setdefault(event["name"][: -len("_kernel_time")], []).append(event["dur"])
-    return {name: statistics.median(durations) for name, durations in spans.items()}
+    nodes = profiled_runs(session, {"run": feeds}, {"run": runs})["run"]
+    return {name: us for (name, _op), us in node_medians(nodes).items()}
 
 
 def norm_costs(medians: dict[str, float]) -> tuple[float, float]:
@@ -131,7 +123,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         for hidden in (int(h) for h in args.hidden.split(",")):
             for with_matmuls in (False, True):
-                costs = {s: norm_costs(profile(build(s, hidden, args.layers, with_matmuls, rng), args.runs,
+                costs = {s: norm_costs(profile(build(s, hidden, args.layers, with_matmuls, rng), hidden, args.runs,
                                                 Path(scratch))) for s in SPELLINGS}
                 ours, theirs, (decomposed, first) = costs["SkipRMSNorm"][0], costs[SPELLINGS[1]][0], costs["decomposed"]
                 position = "after MatMul" if with_matmuls else "alone"

@@ -320,7 +320,6 @@ def _fill_and_publish(layout: Layout, source: Path, staging: Path, destination: 
                       on_tensor_written: Callable[[int, int], None] | None) -> None:
     """Writes the fused folder into ``staging`` and renames it to ``destination`` once complete."""
     target = report.target
-    written: list[str] = []  # every file the output folder must hold, relative to it
     models: dict[str, ir.Model] = {}
     data_files: dict[str, set[Path]] = {}
     notes: dict[str, list[str]] = {}
@@ -331,7 +330,6 @@ def _fill_and_publish(layout: Layout, source: Path, staging: Path, destination: 
     for relative in _copied_files(layout, data_files):
         _copy(source / relative, staging, relative)
         report.copied.append(relative)
-        written.append(relative)
     for index, component in enumerate(layout.components, 1):
         model = models.pop(component.path)
         say(f"[{index}/{len(layout.components)}] fusing {component.path} (target {target})")
@@ -348,18 +346,15 @@ def _fill_and_publish(layout: Layout, source: Path, staging: Path, destination: 
         data_relative = data.relative_to(staging).as_posix() if data else None
         report.models.append(ModelResult(component.path, fusion_report, _uses_domain(model, OP_DOMAIN),
                                          data_relative))
-        written += [component.path, *([data_relative] if data_relative else [])]
     if any(result.uses_library for result in report.models):
         library = Path(get_library_path())
         _copy(library, staging, library.name)
         report.library = library.name
-        written.append(library.name)
     if layout.kind == KIND_GENAI:
         _write_genai_config(layout, report, staging)
-        written.append(GENAI_CONFIG)
     say(f"writing {destination}")
     _sync_tree(staging)
-    _check_complete(staging, written)
+    _check_complete(staging, report, layout)
     _publish(staging, destination, replace=replace)
 
 
@@ -412,9 +407,21 @@ def _copy(source: Path, staging: Path, relative: str) -> None:
         raise FolderError(f"{source}: cannot copy it to {destination}: {error.strerror or error}") from None
 
 
-def _check_complete(staging: Path, written: list[str]) -> None:
+def _written_files(report: FolderReport, layout: Layout) -> list[str]:
+    """Every file the output folder holds, relative to it, as ``report`` records them."""
+    files = list(report.copied)
+    for result in report.models:
+        files += [result.path, *([result.external_data] if result.external_data else [])]
+    if report.library:
+        files.append(report.library)
+    if layout.kind == KIND_GENAI and GENAI_CONFIG not in files:
+        files.append(GENAI_CONFIG)  # written with the config changes
+    return files
+
+
+def _check_complete(staging: Path, report: FolderReport, layout: Layout) -> None:
     """Refuses to publish a staging folder that lost a file it was given (removed by someone else meanwhile)."""
-    missing = [relative for relative in written if not (staging / relative).is_file()]
+    missing = [relative for relative in _written_files(report, layout) if not (staging / relative).is_file()]
     if missing:
         raise FolderError(f"{staging}: the temporary output folder lost {', '.join(missing)} while it was written "
                           "(removed by another process?); nothing was published")

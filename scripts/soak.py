@@ -25,57 +25,37 @@ import gc
 import os
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
-import onnx
-from onnx import TensorProto, helper
 
-from ort_rmsnorm.contract import OP_DOMAIN, OP_VERSION, RMSNORM
 from ort_rmsnorm.runtime import make_session
 
-EPSILON = 1e-5
-FLOAT32_RTOL = 2.0**-14
+# The test suite's model builder and float64 reference (tests/ holds no package code: the installed one is soaked).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from op_models import norm_model  # noqa: E402
+from reference import assert_matches_reference, rmsnorm  # noqa: E402
 
 
-def norm_model(hidden: int) -> bytes:
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", hidden])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", hidden])
-    scale = np.linspace(-2, 2, hidden, dtype=np.float32)
-    node = helper.make_node(RMSNORM, ["x", "scale"], ["y"], domain=OP_DOMAIN, axis=-1, epsilon=EPSILON)
-    graph = helper.make_graph([node], "soak", [x], [y], [onnx.numpy_helper.from_array(scale, "scale")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
-                                                    helper.make_opsetid(OP_DOMAIN, OP_VERSION)])
-    return model.SerializeToString()
-
-
-def reference(x: np.ndarray) -> np.ndarray:
-    x64 = x.astype(np.float64)
-    scale = np.linspace(-2, 2, x.shape[-1], dtype=np.float32).astype(np.float64)
-    return x64 / np.sqrt(np.mean(x64 * x64, axis=-1, keepdims=True) + EPSILON) * scale
+def scale_of(hidden: int) -> np.ndarray:
+    return np.linspace(-2, 2, hidden, dtype=np.float32)
 
 
 def check_first(output: np.ndarray, x: np.ndarray, phase: str) -> None:
-    expected = reference(x)
-    rms = np.sqrt(np.mean(expected * expected))
-    error = np.max(np.abs(output.astype(np.float64) - expected) / (np.abs(expected) + rms))
-    if not error <= FLOAT32_RTOL:
-        raise SystemExit(f"soak {phase}: first output differs from the float64 reference (max rel {error:.3g})")
+    expected, _ = rmsnorm(x, scale_of(x.shape[-1]))
+    try:
+        assert_matches_reference(output, expected, np.float32, f"soak {phase}: the first output")
+    except AssertionError as error:
+        raise SystemExit(str(error)) from None
 
 
-def rss_kib() -> int:
+def status_field(name: str) -> int:
+    """A count from /proc/self/status (``VmRSS`` in KiB, ``Threads``)."""
     with open("/proc/self/status") as status:
         for line in status:
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{name}:"):
                 return int(line.split()[1])
-    raise RuntimeError("no VmRSS in /proc/self/status")
-
-
-def threads() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("Threads:"):
-                return int(line.split()[1])
-    raise RuntimeError("no Threads in /proc/self/status")
+    raise RuntimeError(f"no {name} in /proc/self/status")
 
 
 def fds() -> int:
@@ -97,7 +77,7 @@ class Phase:
 
     def sample(self, done: int) -> None:
         gc.collect()
-        row = (done, rss_kib(), fds(), threads())
+        row = (done, status_field("VmRSS"), fds(), status_field("Threads"))
         self.curve.append(row)
         rate = done / max(time.perf_counter() - self.start, 1e-9)
         print(f"{self.name:8} {done:>9} runs  rss {row[1] / 1024:8.1f} MiB  fds {row[2]:3}  threads {row[3]:3}"
@@ -137,10 +117,14 @@ def run_phase(name: str, count: int, args, step) -> list[str]:
     return phase.verdict(args.rss_bound_mib)
 
 
+def model_of(hidden: int):
+    return norm_model(np.float32, np.float32, x_shape=("rows", hidden), constant_scale=scale_of(hidden))
+
+
 def one_session(hidden: int, rows: int, intra_op_threads: int, seed: int):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((rows, hidden)).astype(np.float32)
-    session = make_session(norm_model(hidden), threads=intra_op_threads)
+    session = make_session(model_of(hidden), threads=intra_op_threads)
     first = session.run(None, {"x": x})[0]
     return session, x, first
 
@@ -182,7 +166,7 @@ def main(argv=None) -> int:
         problems += run_phase(name, count, args, step)
         del session, step
 
-    model = norm_model(64)
+    model = model_of(64)
     x = np.random.default_rng(7).standard_normal((4, 64)).astype(np.float32)
     first = make_session(model, threads=1).run(None, {"x": x})[0]
     check_first(first, x, "sessions")

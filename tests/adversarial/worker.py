@@ -27,6 +27,7 @@ import onnxruntime as ort  # noqa: E402
 
 from adversarial.cases import DTYPES, ONNX_TYPES, build, generate, judge, values  # noqa: E402
 from reference import BFLOAT16, rmsnorm, tolerance  # noqa: E402
+from ort_rmsnorm import runtime  # noqa: E402
 
 import ml_dtypes  # noqa: E402
 
@@ -56,13 +57,9 @@ def session_options(library: str, threads: int = 1) -> ort.SessionOptions:
 
 
 def to_ort_value(spec: dict, array) -> ort.OrtValue:
-    if array is None:
+    if array is None:  # an empty tensor whose other dims numpy cannot hold
         return ort.OrtValue.ortvalue_from_shape_and_type(spec["shape"], ONNX_TYPES[spec["dtype"]])
-    if array.dtype == BFLOAT16:
-        import onnx
-        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(np.require(array, requirements="C").view(np.uint16),
-                                                               onnx.TensorProto.BFLOAT16)
-    return ort.OrtValue.ortvalue_from_numpy(np.require(array, requirements="C"))  # keeps 0-d arrays 0-d
+    return runtime.to_ort_value(array)
 
 
 def to_numpy(value: ort.OrtValue):
