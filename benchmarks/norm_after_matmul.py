@@ -81,7 +81,8 @@ def build(spelling: str, hidden: int, layers: int, with_matmuls: bool, rng: np.r
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape),
          helper.make_tensor_value_info("skip", TensorProto.FLOAT, shape)],
         [helper.make_tensor_value_info(x, TensorProto.FLOAT, shape)], inits)
-    opsets = [helper.make_opsetid("", 18), helper.make_opsetid("ort_rmsnorm", 1), helper.make_opsetid("com.microsoft", 1)]
+    opsets = [helper.make_opsetid(domain, version)
+              for domain, version in (("", 18), ("ort_rmsnorm", 1), ("com.microsoft", 1))]
     return helper.make_model(graph, opset_imports=opsets, ir_version=9)
 
 

@@ -360,7 +360,7 @@ def _fill_and_publish(layout: Layout, source: Path, staging: Path, destination: 
 
 def _staging_folder(destination: Path) -> Path:
     try:
-        staging = Path(tempfile.mkdtemp(dir=destination.parent, prefix=f".{destination.name}.tmp-"))
+        staging = Path(tempfile.mkdtemp(dir=destination.parent, prefix=model_io.temporary_prefix(destination)))
     except OSError as error:
         raise FolderError(f"{destination}: cannot write in {destination.parent}: {error.strerror or error}") from None
     umask = os.umask(0)
@@ -512,7 +512,8 @@ def _publish(staging: Path, destination: Path, *, replace: bool) -> None:
         elif _exchange(staging, destination):
             shutil.rmtree(staging)  # now the previous folder
         else:
-            previous = Path(tempfile.mkdtemp(dir=destination.parent, prefix=f".{destination.name}.old-"))
+            prefix = model_io.temporary_prefix(destination, model_io.PREVIOUS)
+            previous = Path(tempfile.mkdtemp(dir=destination.parent, prefix=prefix))
             os.replace(destination, previous / "folder")
             try:
                 os.replace(staging, destination)

@@ -294,8 +294,14 @@ def _fsync(path: Path) -> None:
         os.close(descriptor)
 
 
-TEMPORARY_MARKERS = (".tmp-", ".old-")
-"""A temporary of the output ``NAME`` is named ``.NAME`` + marker + random characters, in ``NAME``'s directory."""
+STAGED, PREVIOUS = ".tmp-", ".old-"
+"""A temporary of the output ``NAME`` is named ``.NAME`` + marker + random characters, in ``NAME``'s directory:
+``STAGED`` while it is written, ``PREVIOUS`` for a replaced output folder on its way out."""
+
+
+def temporary_prefix(output: Path, marker: str = STAGED) -> str:
+    """The prefix of ``output``'s temporaries (for tempfile's ``prefix``)."""
+    return f".{output.name}{marker}"
 
 
 def leftover_temporaries(output: str | os.PathLike) -> list[Path]:
@@ -303,7 +309,8 @@ def leftover_temporaries(output: str | os.PathLike) -> list[Path]:
     writing (nothing tells them apart)."""
     output = Path(output)
     with contextlib.suppress(OSError):
-        return sorted(path for marker in TEMPORARY_MARKERS for path in output.parent.glob(f".{output.name}{marker}*"))
+        return sorted(path for marker in (STAGED, PREVIOUS)
+                      for path in output.parent.glob(f"{temporary_prefix(output, marker)}*"))
     return []
 
 
@@ -398,7 +405,7 @@ def save_model(
             on_tensor_written(info.index + 1, info.total)
 
     try:
-        staging = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.tmp-"))
+        staging = Path(tempfile.mkdtemp(dir=output.parent, prefix=temporary_prefix(output)))
     except OSError as error:
         raise ModelFileError(f"{output}: cannot write in {output.parent}: {error.strerror or error}") from None
     try:
@@ -435,7 +442,7 @@ def write_atomically(path: str | os.PathLike, write: Callable[[Path], None], *,
     refuse_overwriting(path, protected, "the input")
     temporary = None
     try:
-        descriptor, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
+        descriptor, name = tempfile.mkstemp(dir=path.parent, prefix=temporary_prefix(path))
         os.close(descriptor)
         temporary = Path(name)
         write(temporary)
