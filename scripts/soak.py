@@ -139,7 +139,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rss-bound-mib", type=float, default=8.0,
                         help="allowed RSS growth after warm-up, per phase (default 8 MiB)")
     parser.add_argument("--inject-leak", type=int, default=0, metavar="BYTES",
-                        help="keep BYTES per small run alive: shows that the bound catches a leak (tests/test_soak.py)")
+                        help="keep BYTES per small run alive: shows that the bound catches a leak "
+                             "(tests/ops/test_soak.py)")
     args = parser.parse_args(argv)
     if not os.path.isdir("/proc/self/fd"):
         print("soak: needs Linux's /proc/self", file=sys.stderr)

@@ -52,7 +52,7 @@ def _available_isas() -> list[str]:
 
 def _run_child(isa: str, out_path) -> subprocess.CompletedProcess:
     """Runs the cases with ORT_RMSNORM_CPU_ISA=isa ("" = unset: the library's own choice)."""
-    code = _CHILD.format(tests_dir=os.path.dirname(__file__))
+    code = _CHILD.format(tests_dir=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {k: v for k, v in os.environ.items() if k != "ORT_RMSNORM_CPU_ISA"}
     if isa:
         env["ORT_RMSNORM_CPU_ISA"] = isa

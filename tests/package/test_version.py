@@ -16,7 +16,7 @@ import pytest
 import ort_rmsnorm
 
 # The checkout these tests come from, when they run from one (scripts/test-wheel runs a copy of them elsewhere).
-SOURCE_ROOT = Path(__file__).resolve().parent.parent
+SOURCE_ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = SOURCE_ROOT / "pyproject.toml"
 
 

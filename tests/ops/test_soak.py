@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-SOAK = Path(__file__).resolve().parents[1] / "scripts" / "soak.py"
+SOAK = Path(__file__).resolve().parents[2] / "scripts" / "soak.py"
 SHORT = ["--small", "100000", "--large", "1000", "--sessions", "500", "--samples", "10"]
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="the soak reads Linux's /proc/self")
