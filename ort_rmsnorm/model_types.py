@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 
 import onnx
 import onnx_ir as ir
 
 # The helper behind onnx_ir's ShapeInferencePass: the model as a proto without its large initializers' data.
 from onnx_ir.passes.common import _c_api_utils
+
+from .contract import ONNX_DOMAINS
+from .model_graphs import call_sites, graph_likes, values_of
 
 logger = logging.getLogger(__name__)
 
@@ -32,8 +35,6 @@ class TypeTable:
 
     def __init__(self, inferred: Mapping[ir.Value, tuple[ir.DataType | None, ir.Shape | None]] | None = None) -> None:
         self._inferred = dict(inferred or {})
-        self.folded: dict[ir.Value, object] = {}
-        """Constant values computed from constant-only subexpressions (by the pass), or None where there is none."""
         self.symbolic: Callable[[], tuple[dict, str | None]] | None = None
         """Computes a second table of shapes, and why it is empty if so (see :meth:`symbolic_shape`)."""
         self._symbolic: tuple[dict, str | None] | None = None
@@ -95,7 +96,7 @@ class TypeTable:
 def _cast_target(value: ir.Value) -> ir.DataType | None:
     """The type a Cast node's output has by definition."""
     producer = value.producer()
-    if producer is None or producer.op_type != "Cast" or producer.domain not in ("", "ai.onnx"):
+    if producer is None or producer.op_type != "Cast" or producer.domain not in ONNX_DOMAINS:
         return None
     attr = producer.attributes.get("to")
     if attr is None or attr.type != ir.AttributeType.INT:
@@ -134,22 +135,6 @@ def constant_tensor(value: ir.Value | None) -> ir.TensorProtocol | None:
 
 
 # ---- inference -------------------------------------------------------------------------------------------------
-
-
-def graph_likes(model: ir.Model) -> Iterator[ir.Graph | ir.Function]:
-    """The main graph, every model-local function and every subgraph (If/Loop/Scan bodies) inside any of them."""
-    for top in (model.graph, *model.functions.values()):
-        yield top
-        yield from top.subgraphs()
-
-
-def values_of(graph_like: ir.Graph | ir.Function) -> Iterator[ir.Value]:
-    """Inputs, initializers and node outputs of one graph (not of its subgraphs)."""
-    yield from graph_like.inputs
-    if isinstance(graph_like, ir.Graph):
-        yield from graph_like.initializers.values()
-    for node in graph_like:
-        yield from node.outputs
 
 
 def infer_types(model: ir.Model) -> TypeTable:
@@ -285,7 +270,7 @@ def _slices_with_constant_axes(graph_like: ir.Graph | ir.Function) -> list[tuple
     constant: those whose untouched dims :func:`_slice_dims_gained` may put back."""
     slices = []
     for node in graph_like:
-        if node.op_type != "Slice" or node.domain not in ("", "ai.onnx") or len(node.inputs) < 4:
+        if node.op_type != "Slice" or node.domain not in ONNX_DOMAINS or len(node.inputs) < 4:
             continue
         data, output, axes = node.inputs[0], node.outputs[0], constant_tensor(node.inputs[3])
         if data is None or not data.name or not output.name or axes is None or axes.nbytes > SMALL_TENSOR_BYTES:
@@ -319,18 +304,6 @@ def _small_external_initializers(model: ir.Model) -> dict[ir.Value, ir.TensorPro
         for value in model.graph.initializers.values()
         if isinstance(value.const_value, ir.ExternalTensor) and value.const_value.nbytes <= SMALL_TENSOR_BYTES
     }
-
-
-def call_sites(model: ir.Model, function: ir.Function) -> list[tuple[ir.Graph | ir.Function, ir.Node]]:
-    """Nodes calling ``function``, each with the main graph or function it lies in (possibly inside a subgraph)."""
-    identifier = function.identifier()
-    return [
-        (top, node)
-        for top in (model.graph, *model.functions.values())
-        for graph in (top, *top.subgraphs())
-        for node in graph
-        if node.op_identifier() == identifier
-    ]
 
 
 def _merged_input_types(

@@ -8,7 +8,8 @@
 See docs/fusion.md for the recognized spellings, the near-miss reasons, the targets and the report format.
 """
 
-from ..model_types import TypeTable, infer_types
+from ort_rmsnorm.model_types import TypeTable, infer_types
+
 from ._pass import fuse_model, rules, upgrade_default_opset
 from ._report import Fusion, FusionReport, Skipped
 from ._targets import TARGETS

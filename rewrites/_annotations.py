@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from ..model_types import graph_likes, values_of
+from ort_rmsnorm.model_graphs import graph_likes, nodes, values_of
 
 
 class Annotations:
@@ -34,20 +34,5 @@ class Annotations:
 
 
 def visiting_order(model: ir.Model) -> dict[ir.Node, int]:
-    """Each node's place in the order onnxscript's rewriter visits nodes: the main graph's nodes in order, each
-    node's subgraphs right after it, then every function likewise."""
-    order: dict[ir.Node, int] = {}
-
-    def visit(graph_like) -> None:
-        for node in graph_like:
-            order[node] = len(order)
-            for attr in node.attributes.values():
-                if attr.type == ir.AttributeType.GRAPH:
-                    visit(attr.value)
-                elif attr.type == ir.AttributeType.GRAPHS:
-                    for graph in attr.value:
-                        visit(graph)
-
-    for graph_like in (model.graph, *model.functions.values()):
-        visit(graph_like)
-    return order
+    """Each node's place in the order onnxscript's rewriter visits nodes (:func:`ort_rmsnorm.model_graphs.walk`)."""
+    return {node: index for index, node in enumerate(nodes(model))}

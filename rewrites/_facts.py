@@ -12,7 +12,9 @@ import math
 import numpy as np
 import onnx_ir as ir
 
-from ..model_types import TypeTable, constant_tensor, dim_key, same_dim
+from ort_rmsnorm.contract import ONNX_DOMAINS, STASH_TYPE
+from ort_rmsnorm.model_types import TypeTable, constant_tensor, dim_key, same_dim
+
 from ._folding import MAX_DEPTH, folded_array
 
 # The types the fused operators take for X (and float32 for the scale).
@@ -22,6 +24,24 @@ SIXTEEN_BIT = frozenset({ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
 EXACT_WIDENINGS = frozenset({(ir.DataType.FLOAT16, ir.DataType.FLOAT), (ir.DataType.BFLOAT16, ir.DataType.FLOAT)})
 # The `stash_type` of the standard and onnxruntime norm ops that computes the statistic in float32, as ours do.
 STASH_FLOAT32 = int(ir.DataType.FLOAT)
+
+
+class Facts:
+    """What the rules know of one run's values: their types and shapes (a :class:`TypeTable`), and the constants
+    folded from constant-only subexpressions (:func:`constant_array`, computed once per value)."""
+
+    def __init__(self, types: TypeTable) -> None:
+        self.types = types
+        self.folded: dict[ir.Value, np.ndarray | None] = {}
+
+    def dtype(self, value: ir.Value) -> ir.DataType | None:
+        return self.types.dtype(value)
+
+    def shape(self, value: ir.Value) -> ir.Shape | None:
+        return self.types.shape(value)
+
+    def symbolic_shape(self, value: ir.Value) -> tuple[ir.Shape | None, str | None]:
+        return self.types.symbolic_shape(value)
 
 
 class NotFusable(Exception):
@@ -52,7 +72,7 @@ def label(item: ir.Node | ir.Value) -> str:
 
 def is_cast(node: ir.Node | None) -> bool:
     """A Cast or CastLike (both change only the type; CastLike takes it from its second input)."""
-    return node is not None and node.op_type in ("Cast", "CastLike") and node.domain in ("", "ai.onnx")
+    return node is not None and node.op_type in ("Cast", "CastLike") and node.domain in ONNX_DOMAINS
 
 
 def int_attribute(node: ir.Node, name: str, default: int | None = None) -> int | None:
@@ -77,7 +97,7 @@ def check_epsilon(value: float, what: str, source) -> None:
 
 
 def require_stash_float32(node: ir.Node, what: str) -> None:
-    stash_type = int_attribute(node, "stash_type", STASH_FLOAT32)
+    stash_type = int_attribute(node, STASH_TYPE, STASH_FLOAT32)
     if stash_type != STASH_FLOAT32:
         raise NotFusable(f"{what} computes in stash_type {stash_type}, not float32", node)
 
@@ -107,7 +127,7 @@ def same_shape(a: ir.Shape | None, b: ir.Shape | None) -> bool:
 # ---- constants ---------------------------------------------------------------------------------------------------
 
 
-def constant_array(value: ir.Value | None, types: TypeTable, depth: int = 0) -> np.ndarray | None:
+def constant_array(value: ir.Value | None, facts: Facts, depth: int = 0) -> np.ndarray | None:
     """The value of a constant: an initializer, a Constant node, or a small constant-only subexpression of them
     (``Reshape(Constant, Constant)``, ``Cast(Constant)``, ``Shape`` of a static shape, ...: see ``_folding``)."""
     tensor = constant_tensor(value)
@@ -119,10 +139,10 @@ def constant_array(value: ir.Value | None, types: TypeTable, depth: int = 0) -> 
     node = value.producer() if value is not None else None
     if node is None or depth > MAX_DEPTH:
         return None
-    if value not in types.folded:
-        operand = lambda source: constant_array(source, types, depth + 1)  # noqa: E731
-        types.folded[value] = folded_array(node, value, types, operand)
-    return types.folded[value]
+    if value not in facts.folded:
+        operand = lambda source: constant_array(source, facts, depth + 1)  # noqa: E731
+        facts.folded[value] = folded_array(node, value, facts.types, operand)
+    return facts.folded[value]
 
 
 def scalar_of(array: np.ndarray | None) -> float | None:
@@ -134,18 +154,18 @@ def scalar_of(array: np.ndarray | None) -> float | None:
     return float(array.reshape(()).astype(np.float64))
 
 
-def constant_scalar(value: ir.Value | None, types: TypeTable) -> float | None:
+def constant_scalar(value: ir.Value | None, facts: Facts) -> float | None:
     """A constant with one element (any rank, all dims 1), as a Python float; None otherwise."""
-    return scalar_of(constant_array(value, types))
+    return scalar_of(constant_array(value, facts))
 
 
-def require_scalar(value: ir.Value | None, what: str, types: TypeTable, max_rank: int | None) -> float:
+def require_scalar(value: ir.Value | None, what: str, facts: Facts, max_rank: int | None) -> float:
     """The scalar a constant operand holds; NotFusable unless it is one constant element that broadcasts harmlessly."""
-    number = constant_scalar(value, types)
+    number = constant_scalar(value, facts)
     if number is None:
         producer = value.producer() if value is not None else None
         raise NotFusable(f"{what} is not a constant scalar", producer or value)
-    rank = len(constant_array(value, types).shape)
+    rank = len(constant_array(value, facts).shape)
     if max_rank is not None and rank > max_rank:
         raise NotFusable(f"{what} has rank {rank}: broadcasting it would add dims", value)
     return number
@@ -154,7 +174,7 @@ def require_scalar(value: ir.Value | None, what: str, types: TypeTable, max_rank
 # ---- reductions --------------------------------------------------------------------------------------------------
 
 
-def reduction_axes(node: ir.Node, types: TypeTable) -> list[int] | None:
+def reduction_axes(node: ir.Node, facts: Facts) -> list[int] | None:
     """The axes a Reduce* node reduces, as written (None: all axes), from the attribute or the constant input."""
     if "axes" in node.attributes:
         attr = node.attributes["axes"]
@@ -162,7 +182,7 @@ def reduction_axes(node: ir.Node, types: TypeTable) -> list[int] | None:
             raise NotFusable(f"{node.op_type} {label(node)}: axes attribute is not a list of ints", node)
         axes = list(attr.value)
     elif len(node.inputs) > 1 and node.inputs[1] is not None:
-        array = constant_array(node.inputs[1], types)
+        array = constant_array(node.inputs[1], facts)
         if array is None:
             raise NotFusable(f"{node.op_type} {label(node)}: axes are not constant", node)
         axes = [int(axis) for axis in array.reshape(-1)]

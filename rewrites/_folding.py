@@ -16,7 +16,8 @@ import onnx
 import onnx_ir as ir
 from onnx.reference import ReferenceEvaluator
 
-from ..model_types import TypeTable
+from ort_rmsnorm.contract import ONNX_DOMAINS
+from ort_rmsnorm.model_types import TypeTable
 
 MAX_FOLDED_BYTES = 1 << 16
 """The largest input or result of a folded node: 64 KiB covers axes, shapes, scalars and a scale of 16384 floats."""
@@ -38,7 +39,7 @@ def folded_array(
 ) -> np.ndarray | None:
     """The value of ``output`` of ``node`` when every input it depends on is known (``operand(value)``: the array a
     value holds, or None), else None."""
-    if node.domain not in ("", "ai.onnx") or node.op_type not in FOLDABLE:
+    if node.domain not in ONNX_DOMAINS or node.op_type not in FOLDABLE:
         return None
     if node.op_type == "Shape":
         dims = _shape_dims(node, types)
@@ -83,7 +84,7 @@ def _shape_dims(node: ir.Node, types: TypeTable) -> list[int | None] | None:
 
 def _is_shape(value: ir.Value | None) -> bool:
     producer = value.producer() if value is not None else None
-    return producer is not None and producer.op_type == "Shape" and producer.domain in ("", "ai.onnx")
+    return producer is not None and producer.op_type == "Shape" and producer.domain in ONNX_DOMAINS
 
 
 def _gathered_dims(node: ir.Node, types: TypeTable, operand) -> np.ndarray | None:

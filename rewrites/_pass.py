@@ -2,24 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 from onnxscript.rewriter import pattern
 
-from ..contract import (
-    DEFAULT_TARGET,
-    ONNX_RMSNORM,
-    ONNX_RMSNORM_OPSET,
-    OP_DOMAIN,
-    ORT_SIMPLIFIED_LAYER_NORM,
-    RMSNORM,
-    SKIP_RMSNORM,
-)
-from ..model_types import TypeTable, graph_likes, infer_types
+from ort_rmsnorm.contract import DEFAULT_TARGET, NORM_OPS, SKIP_NORM_OPS, qualified
+from ort_rmsnorm.model_graphs import scopes, walk
+from ort_rmsnorm.model_types import TypeTable, infer_types
+
 from ._annotations import Annotations, visiting_order
-from ._conversions import NORM_OPS, SKIP_NORM_OP
-from ._facts import label
+from ._cleanup import between_phases, finish
+from ._facts import Facts, label
 from ._report import FusionReport
 from ._rule_set import PhasedRuleSet, build_phases
 from ._session import FusionSession
@@ -37,84 +33,56 @@ def rules(target: str = DEFAULT_TARGET, *, types: TypeTable | None = None) -> pa
     other readers of the Add's output: run onnx_ir's TopologicalSortPass afterwards (``fuse_model`` sorts where
     needed).
     """
-    return PhasedRuleSet(build_phases(FusionSession(target, types)))
+    session = FusionSession(get_target(target), Facts(types if types is not None else TypeTable()))
+    return PhasedRuleSet(build_phases(session))
 
 
-def fuse_model(model: ir.Model, target: str = DEFAULT_TARGET, *, allow_opset_upgrade: bool = False) -> FusionReport:
+def fuse_model(
+    model: ir.Model,
+    target: str = DEFAULT_TARGET,
+    *,
+    allow_opset_upgrade: bool = False,
+    notes: Sequence[str] = (),
+) -> FusionReport:
     """Fuses every decomposed RMSNorm (and residual Add before one) in ``model``, in place; returns the report.
 
     Weights are never loaded: shape inference runs with large initializers detached, and the rules read only small
-    constants (epsilon, exponents, axes; a scale when it is folded or converted for a target). ``target`` is ``custom`` (ort_rmsnorm.RMSNorm/SkipRMSNorm), ``onnx``
-    (RMSNormalization, opset 23) or ``ort`` (onnxruntime's SimplifiedLayerNormalization and
-    com.microsoft.SkipSimplifiedLayerNormalization). With ``target="onnx"`` and a model below opset 23,
-    ``allow_opset_upgrade=True`` first converts the model with onnx's version converter; otherwise each norm is
-    reported as skipped.
+    constants (epsilon, exponents, axes; a scale when it is folded or converted for a target). ``target`` is
+    ``custom`` (ort_rmsnorm.RMSNorm/SkipRMSNorm), ``onnx`` (RMSNormalization, opset 23) or ``ort`` (onnxruntime's
+    SimplifiedLayerNormalization and com.microsoft.SkipSimplifiedLayerNormalization). With ``target="onnx"`` and a
+    model below opset 23, ``allow_opset_upgrade=True`` first converts the model with onnx's version converter;
+    otherwise each norm is reported as skipped. ``notes`` open the report's notes (what reading the model did).
     """
     chosen = get_target(target)
-    notes = []
+    notes = list(notes)
     current = default_opset(model.graph, model)
-    if chosen.name == "onnx" and allow_opset_upgrade and current < ONNX_RMSNORM_OPSET:
-        upgrade_default_opset(model, ONNX_RMSNORM_OPSET)
-        notes.append(f"default opset upgraded from {current} to {ONNX_RMSNORM_OPSET} with onnx.version_converter")
-    session = FusionSession(chosen, infer_types(model), graph_locations(model), visiting_order(model))
-    session.notes += notes
+    if chosen.opset is not None and allow_opset_upgrade and current < chosen.opset:
+        upgrade_default_opset(model, chosen.opset)
+        notes.append(f"default opset upgraded from {current} to {chosen.opset} with onnx.version_converter")
+    session = FusionSession(chosen, Facts(infer_types(model)), scopes(model), visiting_order(model), notes)
     annotations = Annotations(model)
-    rule_set = PhasedRuleSet(build_phases(session), between_phases=session.next_phase)
+    rule_set = PhasedRuleSet(build_phases(session), between_phases=lambda: between_phases(session))
     rule_set.remove_unused_nodes = False  # the session removes exactly what the fusions made dead, nothing else
     rule_set.apply_to_model(model)
     _norm_ops_left(model, session)
-    return session.finish(model, annotations)
-
-
-# The norm ops each target emits, and those a model may hold that the pass converts or leaves (domain-qualified).
-_OURS = (f"{OP_DOMAIN}.{RMSNORM}", f"{OP_DOMAIN}.{SKIP_RMSNORM}")
-_ORT = (ORT_SIMPLIFIED_LAYER_NORM, SKIP_NORM_OP)
-_EMITTED = {"custom": _OURS, "onnx": (ONNX_RMSNORM,), "ort": _ORT}
-_NORM_OPS = (*_OURS, ONNX_RMSNORM, *_ORT)
+    return finish(session, model, annotations)
 
 
 def _norm_ops_left(model: ir.Model, session: FusionSession) -> None:
     """Every norm op that stays in the model and is not one the target emits goes into the report: those a rule
     declined say why already; the rest get the reason here."""
-    target = session.target.name
-    for graph_like in graph_likes(model):
-        for node in graph_like:
-            op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
-            if op not in _NORM_OPS or op in _EMITTED[target]:
-                continue
-            if op in NORM_OPS or (op == SKIP_NORM_OP and target == "custom"):
-                reason = f"{op} {label(node)}: not converted, its inputs and outputs are not the op's (a malformed node?)"
-            elif op in (SKIP_NORM_OP, f"{OP_DOMAIN}.{SKIP_RMSNORM}") and target == "onnx":
-                reason = f"{op} {label(node)} stays: the onnx target has no residual norm op"
-            else:
-                reason = f"{op} {label(node)} stays: the pass does not convert it to the {target} target's ops"
-            session.left_alone(graph_like, node, f"Left[{op}]", reason)
-
-
-def graph_locations(model: ir.Model) -> dict[int, str]:
-    """id(graph or function) → where it is: ``main graph``, ``function 'dom::name'``, ``If 'n3'.then_branch``,
-    ``Loop 'l'.body/If 'n3'.else_branch``..."""
-    locations: dict[int, str] = {}
-
-    def visit(graph_like, where: str, prefix: str) -> None:
-        locations[id(graph_like)] = where
-        for node in graph_like:
-            for attr in node.attributes.values():
-                if attr.type == ir.AttributeType.GRAPH:
-                    path = f"{prefix}{node.op_type} '{node.name}'.{attr.name}"
-                    visit(attr.value, path, path + "/")
-                elif attr.type == ir.AttributeType.GRAPHS:
-                    for index, subgraph in enumerate(attr.value):
-                        path = f"{prefix}{node.op_type} '{node.name}'.{attr.name}[{index}]"
-                        visit(subgraph, path, path + "/")
-
-    visit(model.graph, "main graph", "")
-    for function in model.functions.values():
-        where = f"function '{function.domain}::{function.name}'" + (
-            f" ({function.overload})" if function.overload else ""
-        )
-        visit(function, where, where + "/")
-    return locations
+    target = session.target
+    for scope, node in walk(model):
+        op = qualified(node.domain, node.op_type)
+        if op not in (*NORM_OPS, *SKIP_NORM_OPS) or op in target.emits:
+            continue
+        if op in target.converts:
+            reason = f"{op} {label(node)}: not converted, its inputs and outputs are not the op's (a malformed node?)"
+        elif op in SKIP_NORM_OPS and target.skip is None:
+            reason = f"{op} {label(node)} stays: the {target.name} target has no residual norm op"
+        else:
+            reason = f"{op} {label(node)} stays: the pass does not convert it to the {target.name} target's ops"
+        session.left_alone(scope.graph, node, f"Left[{op}]", reason)
 
 
 def upgrade_default_opset(model: ir.Model, version: int) -> None:

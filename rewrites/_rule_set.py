@@ -3,8 +3,11 @@
 1. the RMSNorm rules, one phase per form, the largest form first (``_patterns.FORMS``): onnxscript's rewriter visits
    nodes in graph order and would otherwise meet a norm's inner node, and fuse it alone, before the scale Mul that
    follows it;
-2. the conversions of the norm ops already in the model (onnxruntime's skip op too, for the ``custom`` target);
+2. the conversions of the norm ops already in the model that the target converts (``Target.converts``);
 3. the residual rule, where the target has a skip op: it reads the norm ops the phases before made.
+
+Each rule is built by onnxscript's own constructor (``RewriteRuleClassBase.rule``), which keeps its setup and
+clean-up hooks.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from collections.abc import Callable, Sequence
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from ._conversions import NORM_OPS, NormOpConversion, SkipNormOpConversion
+from ort_rmsnorm.contract import NORM_OPS, ORT_SKIP_NORM
+
+from ._conversions import NormOpConversion, SkipNormOpConversion
 from ._norm_rules import RMSNormFusion
 from ._patterns import FORMS
 from ._residual import SkipFusion
@@ -54,20 +59,15 @@ class PhasedRuleSet(pattern.RewriteRuleSet):
 
 def build_phases(session: FusionSession) -> list[list[pattern.RewriteRule]]:
     """The rules of each phase, in order (see the module doc)."""
-    norm_rules = [RMSNormFusion(form, session) for form in FORMS]
+    target = session.target
     phases = [
-        [_as_rule(rule) for rule in norm_rules if rule.phase == phase] for phase in sorted(set(FORMS.values()))
+        [RMSNormFusion.rule(form, session) for form, phase in FORMS.items() if phase == number]
+        for number in sorted(set(FORMS.values()))
     ]
-    conversions = [NormOpConversion(source, session) for source in NORM_OPS if source != session.target.norm_op]
-    if session.target.name == "custom":
-        conversions += [SkipNormOpConversion(session, with_sum=True), SkipNormOpConversion(session, with_sum=False)]
-    phases.append([_as_rule(rule) for rule in conversions])
-    if session.target.name in ("custom", "ort"):
-        phases.append([_as_rule(SkipFusion(session))])
+    conversions = [NormOpConversion.rule(source, session) for source in NORM_OPS if source in target.converts]
+    if ORT_SKIP_NORM in target.converts:
+        conversions += [SkipNormOpConversion.rule(session, with_sum=with_sum) for with_sum in (True, False)]
+    phases.append(conversions)
+    if target.skip is not None:
+        phases.append([SkipFusion.rule(session)])
     return phases
-
-
-def _as_rule(instance: pattern.RewriteRuleClassBase) -> pattern.RewriteRule:
-    return pattern.RewriteRule(
-        instance.pattern, instance.rewrite, instance.check, name=instance.name, remove_nodes=instance.remove_nodes
-    )

@@ -5,6 +5,9 @@
 A module imports only from its own layer or lower ones, never from a package's face (``__init__``) when it is inside
 that package, and no modules import each other in a loop. A new module must be placed in ``LAYERS`` first.
 The command line's cheap subcommands must not import the pass or torch (checked in a fresh interpreter).
+
+Each constant has one home: the targets are named in ``contract.TARGETS`` and defined once in the pass, which
+alone compares target names (``rewrites/_targets.py``).
 """
 
 from __future__ import annotations
@@ -22,13 +25,18 @@ LEAF, PASS, API, TOOLS = range(4)
 LAYERS = {
     "ort_rmsnorm.contract": LEAF,
     "ort_rmsnorm._library": LEAF,
+    "ort_rmsnorm._logs": LEAF,
     "ort_rmsnorm.runtime": LEAF,
+    "ort_rmsnorm.durable": LEAF,
     "ort_rmsnorm.model_io": LEAF,
+    "ort_rmsnorm.model_graphs": LEAF,
     "ort_rmsnorm.model_types": LEAF,
     "ort_rmsnorm.rewrites": PASS,
     "ort_rmsnorm.fusion": API,
     "ort_rmsnorm.folders": API,
+    "ort_rmsnorm.feeds": API,
     "ort_rmsnorm.verify": API,
+    "ort_rmsnorm.command_line": TOOLS,
     "ort_rmsnorm.cli": TOOLS,
     "ort_rmsnorm.demo": TOOLS,
     "ort_rmsnorm.llama": TOOLS,
@@ -146,6 +154,39 @@ def test_no_import_cycles(import_graph):
         if module not in state:
             visit(module)
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_one_list_of_targets():
+    from fuzz.checks import TARGETS as FUZZED
+    from ort_rmsnorm import contract
+    from ort_rmsnorm.rewrites import TARGETS
+
+    assert tuple(TARGETS) == contract.TARGETS == tuple(FUZZED)
+    assert all(target.name == name for name, target in TARGETS.items())
+    known = {*contract.NORM_OPS, *contract.SKIP_NORM_OPS}
+    for target in TARGETS.values():
+        assert set(target.emits) <= known and set(target.converts) <= known - set(target.emits), target.name
+
+
+def test_target_names_are_compared_only_where_targets_are_defined():
+    """The rules ask their target (``Target.skip``, ``converts``, ``opset``...), never its name."""
+    from ort_rmsnorm import contract
+
+    names = set(contract.TARGETS)
+    spellings = {"CUSTOM", "ONNX", "ORT", "TARGETS"}
+    wrong = []
+    for module, path in _installed_modules().items():
+        if module == f"{PACKAGE}.rewrites._targets" or module == f"{PACKAGE}.contract":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Compare):
+                continue
+            operands = [node.left, *node.comparators]
+            if any(isinstance(operand, ast.Constant) and operand.value in names for operand in operands) and any(
+                isinstance(operand, ast.Attribute) and operand.attr in ("name", "target") for operand in operands
+            ) or any(isinstance(operand, ast.Name) and operand.id in spellings for operand in operands):
+                wrong.append(f"{module}:{node.lineno}")
+    assert not wrong, f"target names compared outside rewrites/_targets.py: {wrong}"
 
 
 _IMPORTED_BY = """

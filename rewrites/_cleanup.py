@@ -1,0 +1,160 @@
+"""After the rules: what the fusions made dead goes, the names and annotations the rewriter changed come back, the new
+nodes and values get their names and types, and graphs a skip op put out of order are sorted."""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+
+from ort_rmsnorm.model_graphs import bodies, call_sites, graph_likes, values_of
+
+from ._annotations import Annotations
+from ._facts import Facts, label
+from ._naming import NodeNames, unique
+from ._report import FusionReport
+from ._session import FusedNode, FusionSession
+
+
+def between_phases(session: FusionSession) -> None:
+    """Between two phases of rules: the next phase must not match a fused norm's nodes again."""
+    remove_dead(session.fused)
+    session.phase += 1
+
+
+def remove_dead(fused_nodes: list[FusedNode]) -> None:
+    """Removes what the fusions so far made dead."""
+    for fused in fused_nodes:
+        fused.removed += [node for node in _remove_dead(fused.matched) if node not in fused.removed]
+        for value in fused.initializers:
+            if value.graph is not None and not (value.uses() or value.is_graph_input() or value.is_graph_output()):
+                value.graph.initializers.pop(value.name)
+
+
+def finish(session: FusionSession, model: ir.Model, annotations: Annotations) -> FusionReport:
+    """Removes what the fusions made dead, restores the names the rewriter changed, names and types the new nodes'
+    outputs, and makes the report. Fusions are listed in the order the rewriter meets their last nodes (a graph's
+    subgraphs at their node, functions after the main graph), and named in that order."""
+    fused_nodes = session.fused
+    fused_nodes.sort(key=lambda fused: session.position(fused.root))
+    remove_dead(fused_nodes)
+    annotations.restore_names()
+    annotations.restore_types()  # the rewriter annotates Constant outputs
+    _type_function_calls(model, [fused.node for fused in fused_nodes], session.facts)
+    new_values = {value for fused in fused_nodes for value in _new_values(fused, annotations)}
+    taken = {
+        value.name
+        for graph in graph_likes(model)
+        for value in values_of(graph)
+        if value.name and value not in new_values
+    }
+    node_names = NodeNames(annotations.existed)
+    # Before IR 10 a function body has no value_info: onnx_ir writes its types into the main graph under names it
+    # cannot read back when they contain "/", so a second run would drop them. There the values the pass makes in
+    # functions stay unannotated, as the rest of the body is.
+    unannotated = set() if model.ir_version >= 10 else {
+        graph for function in model.functions.values() for graph in bodies(model, function)
+    }
+    for fused in fused_nodes:
+        node_names.give(fused.node, fused.node.name)
+        _finish_outputs(fused, taken, annotations, node_names)
+        if fused.node.graph in unannotated:
+            for value in _new_values(fused, annotations):
+                value.type, value.shape = None, None
+        fused.record.node = fused.node.name
+        replaced = fused.matched + [node for node in fused.removed if node not in fused.matched]
+        fused.record.replaced_nodes = [label(node).strip("'") for node in replaced]
+    _restore_topological_order([fused.node for fused in fused_nodes if fused.record.skip])
+    return session.report()
+
+
+def _remove_dead(seeds: list[ir.Node]) -> list[ir.Node]:
+    """Removes the seeds and their producers, as far as they are dead now (no uses, not graph outputs), and the
+    initializers only they used. Returns the nodes removed."""
+    removed: list[ir.Node] = []
+    pending = list(seeds)
+    while pending:
+        node = pending.pop()
+        graph = node.graph
+        if graph is None or any(value.is_graph_output() or value.uses() for value in node.outputs):
+            continue
+        inputs = [value for value in node.inputs if value is not None]
+        graph.remove(node, safe=True)
+        removed.append(node)
+        for value in inputs:
+            if value.producer() is not None:
+                pending.append(value.producer())
+            elif value.is_initializer() and not (value.uses() or value.is_graph_input() or value.is_graph_output()):
+                value.graph.initializers.pop(value.name)
+    return removed
+
+
+def _type_function_calls(model: ir.Model, emitted: list[ir.Node], facts: Facts) -> None:
+    """ONNX and onnxruntime infer the outputs of a call to a model-local function from the function's body, and an
+    operator without an ONNX schema there (ours, or SimplifiedLayerNormalization for onnx.checker) leaves them
+    untyped, so that ops reading them fail type inference. The outputs of calls to a function that now holds a fused
+    node keep the types and shapes inferred before (written as value_info)."""
+    in_graph = {node.graph for node in emitted}
+    for function in model.functions.values():
+        if not in_graph & bodies(model, function):
+            continue
+        for _, call in call_sites(model, function):
+            for value in call.outputs:
+                dtype, shape = facts.dtype(value), facts.shape(value)
+                if dtype is not None:
+                    value.dtype = dtype
+                if shape is not None:
+                    value.shape = shape
+
+
+def _restore_topological_order(skip_nodes: list[ir.Node]) -> None:
+    """A skip op takes the place of the norm, but the residual Add's other readers (now reading its ``sum``) may come
+    before the norm: those graphs get onnx_ir's stable topological sort (which keeps every other order). A reader
+    inside a subgraph counts as out of order (its If/Loop node may come first)."""
+    graphs = {id(node.graph): node.graph for node in skip_nodes}
+    for graph in graphs.values():
+        position = {node: index for index, node in enumerate(graph)}
+        if any(
+            position.get(reader, -1) < position[node]
+            for node in skip_nodes
+            if node.graph is graph
+            for value in node.outputs
+            for reader in value.consumers()
+        ):
+            graph.sort()
+
+
+def _new_constants(node: ir.Node, annotations: Annotations) -> list[ir.Node]:
+    """The Constant nodes the pass made for ``node`` (a folded, converted or ones scale, an expanded gamma). An input
+    produced by another fused node (a norm right after a norm) is a value of the model, not one of these."""
+    producers = [value.producer() for value in node.inputs if value is not None]
+    return [
+        producer
+        for producer in producers
+        if producer is not None and producer.op_type == "Constant" and not annotations.existed(producer)
+    ]
+
+
+def _new_values(fused: FusedNode, annotations: Annotations) -> list[ir.Value]:
+    """Outputs of the emitted node and of the constants the pass made for it."""
+    created = _new_constants(fused.node, annotations)
+    return [*fused.node.outputs, *(value for node in created for value in node.outputs)]
+
+
+def _finish_outputs(fused: FusedNode, taken: set[str], annotations: Annotations, node_names: NodeNames) -> None:
+    """Each output that replaced a value takes its name, type and shape (value_info helps onnxruntime's later
+    optimizations); optional outputs nobody reads are dropped or left unnamed; new constants get unique names."""
+    node = fused.node
+    for value, (name, dtype, shape) in zip(node.outputs, fused.output_facts):
+        if name:
+            value.name = unique(name, taken)
+        if dtype is not None:
+            value.dtype = dtype
+        if shape is not None:
+            value.shape = shape
+    read = [index == 0 or bool(value.uses()) or value.is_graph_output() for index, value in enumerate(node.outputs)]
+    node.resize_outputs(max(index for index, flag in enumerate(read) if flag) + 1)
+    for value, flag in zip(node.outputs, read):
+        if not flag:
+            value.name = ""
+    for producer in _new_constants(node, annotations):
+        node_names.give(producer, f"{node.name}/scale")
+        producer.outputs[0].name = unique(f"{node.name}/scale", taken)
