@@ -5,7 +5,7 @@
 For each architecture (Llama, Qwen3 with its q/k norms, Gemma 2 with float32 casts around its 16-bit norms) and
 build (``fp32``; ``int4`` with the builder's default CPU accuracy level 4, where MatMulNBits quantizes its
 activations to int8; ``int4-acc1``, int4 weights with float32 activations; ``fp16-cpu``), it builds the folder
-(tests/deploy/genai_folders.py: the folders the test suite checks), fuses it with ``ort_rmsnorm.fuse_folder`` and
+(``ort_rmsnorm.bench.genai``: the folders the test suite checks), fuses it with ``ort_rmsnorm.fuse_folder`` and
 compares the two with onnxruntime_genai:
 
 - tokens: greedy generation from the same prompt. Builds with float32 activations must match token for token.
@@ -39,13 +39,12 @@ from pathlib import Path
 import numpy as np
 import onnx_ir as ir
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))  # the folders of tests/deploy/genai_folders.py
+import ort_rmsnorm
+from ort_rmsnorm import folders, model_io, runtime, verify
+from ort_rmsnorm.bench import genai as genai_folders
+from ort_rmsnorm.contract import ORT_SIMPLIFIED_LAYER_NORM
 
-from deploy import genai_folders  # noqa: E402
-
-import ort_rmsnorm  # noqa: E402
-from ort_rmsnorm import folders, model_io, runtime, verify  # noqa: E402
+RESULTS = Path(__file__).resolve().parent / "results" / "genai"
 
 DEFAULT_CONFIG = genai_folders.TinyConfig(hidden_size=512, intermediate_size=1376, num_hidden_layers=2,
                                           num_attention_heads=8, num_key_value_heads=4, vocab_size=2048,
@@ -101,7 +100,7 @@ def _control_folder(original: Path, destination: Path) -> Path:
     """The original with the scale of its first SimplifiedLayerNormalization one ulp larger (towards +inf)."""
     shutil.copytree(original, destination)
     model = model_io.load_model(original / "model.onnx")
-    node = next(node for node in model.graph if node.op_type == "SimplifiedLayerNormalization")
+    node = next(node for node in model.graph if node.op_type == ORT_SIMPLIFIED_LAYER_NORM)
     scale = node.inputs[1]
     values = scale.const_value.numpy()
     scale.const_value = ir.Tensor(np.nextafter(values, np.inf).astype(values.dtype), name=scale.name)
@@ -244,7 +243,7 @@ def markdown(result: dict) -> str:
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "genai",
+    parser.add_argument("--out", type=Path, default=RESULTS,
                         help="folder for genai_e2e.json and genai_e2e.md")
     parser.add_argument("--architectures", default=",".join(genai_folders.ARCHITECTURES))
     parser.add_argument("--precisions", default=",".join(genai_folders.PRECISIONS))

@@ -28,19 +28,20 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from ort_rmsnorm.bench.profile import node_medians, profiled_runs
+from ort_rmsnorm.contract import MS_DOMAIN, OP_DOMAIN, OP_VERSION, ORT_SKIP_SIMPLIFIED_LAYER_NORM, SKIP_RMSNORM
 from ort_rmsnorm.runtime import make_session
 
-SPELLINGS = ("SkipRMSNorm", "SkipSimplifiedLayerNormalization", "decomposed")
+SPELLINGS = (SKIP_RMSNORM, ORT_SKIP_SIMPLIFIED_LAYER_NORM, "decomposed")
 EPSILON = 1e-5
 
 
 def _norm_nodes(spelling: str, x: str, skip: str, weight: str, y: str, total: str, tag: str) -> list:
-    if spelling == "SkipRMSNorm":
-        return [helper.make_node("SkipRMSNorm", [x, skip, weight], [y, total], domain="ort_rmsnorm",
+    if spelling == SKIP_RMSNORM:
+        return [helper.make_node(SKIP_RMSNORM, [x, skip, weight], [y, total], domain=OP_DOMAIN,
                                  epsilon=EPSILON, name=f"norm{tag}")]
-    if spelling == "SkipSimplifiedLayerNormalization":
-        return [helper.make_node("SkipSimplifiedLayerNormalization", [x, skip, weight], [y, "", "", total],
-                                 domain="com.microsoft", epsilon=EPSILON, name=f"norm{tag}")]
+    if spelling == ORT_SKIP_SIMPLIFIED_LAYER_NORM:
+        return [helper.make_node(ORT_SKIP_SIMPLIFIED_LAYER_NORM, [x, skip, weight], [y, "", "", total],
+                                 domain=MS_DOMAIN, epsilon=EPSILON, name=f"norm{tag}")]
     n = f"norm{tag}"
     return [
         helper.make_node("Add", [x, skip], [total], name=f"{n}/add"),
@@ -82,7 +83,7 @@ def build(spelling: str, hidden: int, layers: int, with_matmuls: bool, rng: np.r
          helper.make_tensor_value_info("skip", TensorProto.FLOAT, shape)],
         [helper.make_tensor_value_info(x, TensorProto.FLOAT, shape)], inits)
     opsets = [helper.make_opsetid(domain, version)
-              for domain, version in (("", 18), ("ort_rmsnorm", 1), ("com.microsoft", 1))]
+              for domain, version in (("", 18), (OP_DOMAIN, OP_VERSION), (MS_DOMAIN, 1))]
     return helper.make_model(graph, opset_imports=opsets, ir_version=9)
 
 
@@ -126,7 +127,7 @@ def main() -> None:
             for with_matmuls in (False, True):
                 costs = {s: norm_costs(profile(build(s, hidden, args.layers, with_matmuls, rng), hidden, args.runs,
                                                 Path(scratch))) for s in SPELLINGS}
-                ours, theirs, (decomposed, first) = costs["SkipRMSNorm"][0], costs[SPELLINGS[1]][0], costs["decomposed"]
+                ours, theirs, (decomposed, first) = costs[SKIP_RMSNORM][0], costs[SPELLINGS[1]][0], costs["decomposed"]
                 position = "after MatMul" if with_matmuls else "alone"
                 print(f"| {hidden} | {position} | {ours:.1f} | {theirs:.1f} | {decomposed:.1f} ({first:.1f}) "
                       f"| {ours / decomposed:.2f} |", flush=True)

@@ -2,7 +2,8 @@
 
 - :func:`session_options` / :func:`get_library_path`: load the ``ort_rmsnorm`` custom-op library
   (ops ``RMSNorm`` and ``SkipRMSNorm``, domain ``ort_rmsnorm``, version 1) into onnxruntime.
-- :func:`fuse`: the graph pass that replaces decomposed RMSNorm subgraphs with the fused op.
+- :func:`fuse`: the graph pass that replaces decomposed RMSNorm subgraphs with the fused op; :func:`fuse_file`: the
+  same from a model file to a fused model file, with every check ``ort-rmsnorm fuse`` makes.
 - :func:`fuse_folder` / :func:`verify_folder`: the same for every model of an onnxruntime-genai folder or a folder
   of ``.onnx`` files, and the check of the result.
 """
@@ -17,6 +18,7 @@ __all__ = [
     "OP_VERSION",
     "build_info",
     "fuse",
+    "fuse_file",
     "fuse_folder",
     "get_library_path",
     "has_cuda",
@@ -32,10 +34,10 @@ def __getattr__(name: str):
     if name == "__version__":
         version = globals()["__version__"] = package_version()
         return version
-    if name == "fuse":
-        from .fusion import fuse
+    if name in ("fuse", "fuse_file"):
+        from . import fusion
 
-        return fuse
+        return getattr(fusion, name)
     if name in ("fuse_folder", "verify_folder"):
         from . import folders
 

@@ -1,37 +1,35 @@
 """The ``ort-rmsnorm`` command line: ``fuse``, ``verify``, ``demo``, ``bench``, ``info``.
 
 Each subcommand is a :class:`Command`: a function that adds its arguments to its parser and a function that runs it
-and returns the exit status. Expected errors (unreadable or invalid input, bad options, an output that would
-overwrite the input) print one line on stderr and exit with 2; a verification mismatch exits with 1.
-Heavy modules (onnxscript, torch) are imported only by the subcommands that need them.
+and returns the exit status (:mod:`ort_rmsnorm.command_line`: errors on one line, exit statuses). Heavy modules
+(onnxscript, torch) are imported only by the subcommands that need them.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
-import time
 from pathlib import Path
 from typing import Callable, Sequence
 
+from .bench.arguments import HELP as BENCH_HELP  # imports neither torch nor onnxscript
+from .bench.arguments import add_bench_arguments
+from .command_line import (
+    EXIT_MISMATCH,
+    EXIT_OK,
+    EXIT_USAGE,
+    PROG,
+    Parser,
+    Progress,
+    UsageError,
+    exit_with,
+    make_directory,
+    run_program,
+)
 from .contract import DEFAULT_TARGET, TARGETS
 
-PROG = "ort-rmsnorm"
-EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process that SIGINT ended
-
-
-class UsageError(Exception):
-    """A bad option value found after parsing; exits with 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse's parser with its errors on one line (argparse prints the whole usage first)."""
-
-    def error(self, message: str):
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+__all__ = ["COMMANDS", "EXIT_MISMATCH", "EXIT_OK", "EXIT_USAGE", "Command", "build_parser", "console_main", "main"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,23 +38,6 @@ class Command:
     help: str
     add_arguments: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], int]
-
-
-class Progress:
-    """Stage and progress lines on stderr, with the time since the command started."""
-
-    def __init__(self, quiet: bool = False, interval_s: float = 2.0):
-        self.quiet, self.interval_s = quiet, interval_s
-        self.start = self.last = time.perf_counter()
-
-    def stage(self, message: str) -> None:
-        if not self.quiet:
-            print(f"[{time.perf_counter() - self.start:6.1f}s] {message}", file=sys.stderr, flush=True)
-            self.last = time.perf_counter()
-
-    def tensors_written(self, index: int, total: int) -> None:
-        if index == total or time.perf_counter() - self.last >= self.interval_s:
-            self.stage(f"  external data: {index}/{total} tensors written")
 
 
 # --- options shared by fuse --verify and verify -------------------------------------------------------------------
@@ -106,7 +87,7 @@ class VerificationInputs:
 
 def read_verification_inputs(args: argparse.Namespace) -> VerificationInputs:
     """Parses --dim and reads --input files; done before any other work, so that mistakes show at once."""
-    from .verify import load_npy_inputs
+    from .feeds import load_npy_inputs
 
     return VerificationInputs(parse_dims(args.dim),
                               load_npy_inputs(dict(_name_value(item, "--input") for item in args.inputs)))
@@ -162,8 +143,6 @@ def add_fuse_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_fuse(args: argparse.Namespace) -> int:
-    from . import model_io
-
     if not args.verify and (args.dim or args.inputs):
         raise UsageError("--dim and --input only set the inputs of --verify: add --verify, or leave them out")
     verification_inputs = read_verification_inputs(args) if args.verify else None
@@ -171,38 +150,17 @@ def run_fuse(args: argparse.Namespace) -> int:
         return run_fuse_folder(args, verification_inputs)
     if args.replace:
         raise UsageError("--replace is for folders (IN is a folder); an existing OUT.onnx is replaced anyway")
-    model_io.refuse_overwriting(args.destination, [args.source], "the input")
-    progress = Progress(args.quiet)
-    progress.stage(f"loading {args.source}")
-    notes: list[str] = []
-    model = model_io.load_model(args.source, notes)
-    protected = [args.source, *model_io.external_data_files(model)]
-    # Refuse before the work, not after it (save_model checks again).
-    external_data = model_io.needs_external_data(model)
-    model_io.check_output_path(args.destination, protected, external_data=external_data)
-    if args.report is not None:
-        outputs = model_io.output_files(args.destination, external_data=external_data)
-        model_io.check_output_path(args.report, [], external_data=False)
-        model_io.refuse_overwriting(args.report, [*protected, *outputs], "the input or output")
+    from .fusion import fuse_file  # the pass (onnxscript) is imported after the input checks, which fail fast
 
     note_leftover_temporaries(args.destination)
-    progress.stage(f"fusing (target {args.target})")
-    from .fusion import fuse_model  # imports onnxscript: after the input checks, which fail fast without it
-
-    try:
-        report = fuse_model(model, args.target, allow_opset_upgrade=args.convert_opset)
-    except ValueError as error:  # onnx's version converter refusing the model (--convert-opset)
-        raise model_io.ModelFileError(f"{args.source}: {model_io.one_line(error)}") from None
-    report.notes[:0] = notes
-    progress.stage(f"writing {args.destination}")
-    data_file = model_io.save_model(model, args.destination, protected=protected,
-                                    on_tensor_written=progress.tensors_written)
-    if args.report is not None:
-        model_io.write_text_atomically(args.report, report.to_json(), protected=protected)
+    progress = Progress(args.quiet)
+    fused = fuse_file(args.source, args.destination, args.target, report_path=args.report,
+                      allow_opset_upgrade=args.convert_opset, progress=progress.stage,
+                      on_tensor_written=progress.tensors_written)
     progress.stage("done")
 
-    print(report.summary())
-    print(f"wrote {args.destination}" + (f" (external data: {data_file})" if data_file else "")
+    print(fused.report.summary())
+    print(f"wrote {args.destination}" + (f" (external data: {fused.data_file})" if fused.data_file else "")
           + (f", report {args.report}" if args.report is not None else ""))
     if not args.verify:
         return EXIT_OK
@@ -213,7 +171,7 @@ def run_fuse(args: argparse.Namespace) -> int:
 def note_leftover_temporaries(destination: Path) -> None:
     """A note on stderr for each temporary of ``destination`` already there. They are not removed: one left by a
     killed run looks the same as one a run writing the same output right now is using."""
-    from .model_io import leftover_temporaries
+    from .durable import leftover_temporaries
 
     for path in leftover_temporaries(destination):
         print(f"{PROG} fuse: note: {path}: a temporary left by an interrupted run (or one writing {destination} now); "
@@ -296,7 +254,7 @@ def run_demo(args: argparse.Namespace) -> int:
     if args.hidden % defaults.num_heads:
         raise UsageError(f"--hidden must be a multiple of the {defaults.num_heads} attention heads")
     if args.keep is not None:
-        _make_directory("--keep", args.keep)
+        make_directory("--keep", args.keep)
     config = dataclasses.replace(defaults, num_layers=args.layers, hidden_size=args.hidden,
                                  intermediate_size=args.hidden * defaults.intermediate_size // defaults.hidden_size)
     return demo.run_demo(config, dtype=args.dtype, builder=args.builder, quantization=args.quantize,
@@ -339,38 +297,10 @@ def run_info(args: argparse.Namespace) -> int:
 
 # --- the parser ---------------------------------------------------------------------------------------------------
 
-def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
-    from .bench.arguments import add_bench_arguments as add  # imports neither torch nor onnxscript
-
-    add(parser)
-
-
 def run_bench(args: argparse.Namespace) -> int:
-    """Checks what a run needs before it starts (a full run takes minutes)."""
-    from .bench import command, plots
+    from .bench.command import run_checked
 
-    if (problem := command.problem(args)) is not None:
-        raise UsageError(problem)
-    if not args.e2e and args.plot != "none" and not plots.can_plot():
-        if args.plot is not None:
-            raise UsageError(f"--plot {args.plot}: matplotlib is not installed (pip install matplotlib), "
-                             "or --plot none")
-        print("no plot: matplotlib is not installed (pip install matplotlib)", file=sys.stderr)
-        args.plot = "none"
-    _make_directory("--out", Path(args.out))
-    if args.e2e and args.e2e_keep:
-        _make_directory("--e2e-keep", Path(args.e2e_keep))
-    if not args.e2e and args.plot not in (None, "none"):
-        _make_directory("--plot", Path(args.plot).parent)
-    return command.run_bench(args)
-
-
-def _make_directory(option: str, directory: Path) -> None:
-    """Where a command writes at its end: made (or refused) before it runs."""
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise UsageError(f"{option}: cannot make the directory {directory}: {error.strerror or error}") from None
+    return run_checked(args)
 
 
 COMMANDS = [
@@ -378,15 +308,14 @@ COMMANDS = [
     Command("verify", "compare a fused model's outputs with the original's", add_verify_arguments, run_verify),
     Command("demo", "a small int4 Llama-style model: fuse, verify, time and profile it before and after",
             add_demo_arguments, run_demo),
-    Command("bench", "time the norm kernels against onnxruntime's and a memory copy (--e2e: a whole model)",
-            add_bench_arguments, run_bench),
+    Command("bench", BENCH_HELP, add_bench_arguments, run_bench),
     Command("info", "library path, build info and versions", add_info_arguments, run_info),
     # A new subcommand is one more entry here: Command(name, help, add_<name>_arguments, run_<name>).
 ]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description="Fused RMSNorm for ONNX Runtime.")
+    parser = Parser(prog=PROG, description="Fused RMSNorm for ONNX Runtime.")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in COMMANDS:
         subparser = subparsers.add_parser(command.name, help=command.help, description=command.help)
@@ -395,39 +324,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _expected_errors() -> tuple[type[BaseException], ...]:
-    from .model_io import ModelFileError
-    from .verify import VerifyInputError
-
-    return (UsageError, ModelFileError, VerifyInputError, FileNotFoundError)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    name = PROG
-    try:
-        args = build_parser().parse_args(argv)  # imports the subcommands' modules: an interrupt may land here too
-        name = f"{PROG} {args.command}"
-        return args.run(args)
-    except KeyboardInterrupt:  # first: the next clause imports modules, which an interrupt may have left half-made
-        print(f"{name}: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except _expected_errors() as error:
-        print(f"{name}: error: {error}", file=sys.stderr)
-        return EXIT_USAGE
+    return run_program(build_parser, argv, PROG, lambda args: f"{PROG} {args.command}")
 
 
 def console_main() -> None:
     """The program's entry point (``ort-rmsnorm``, ``python -m ort_rmsnorm.cli``): :func:`main`'s status as the
-    process's. After an interruption it leaves through ``os._exit``: CPython ends the process by SIGINT at exit, even
-    after :func:`main` handled the interrupt, when the KeyboardInterrupt passed through an ``eval()`` of a string
-    (``collections.namedtuple`` makes its classes so: an interrupt during fusing would end with status -2, not 130).
-    Everything was cleaned up by then."""
-    status = main()
-    if status == EXIT_INTERRUPTED:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(status)
-    sys.exit(status)
+    process's (:func:`ort_rmsnorm.command_line.exit_with`)."""
+    exit_with(main())
 
 
 if __name__ == "__main__":

@@ -25,13 +25,14 @@ import numpy as np
 import onnx
 
 from . import int4, model_io, runtime
+from .contract import RMSNORM, SKIP_RMSNORM
 from .llama import OPSET, LlamaConfig, build_llama_onnx
 
 BUILDERS = ("auto", "torch", "onnx")
 QUANTIZATIONS = ("int4", "none")
 # Small enough for a decode step of about a millisecond, so that the norms' per-node cost shows.
 DEMO_CONFIG = LlamaConfig(vocab_size=2048, hidden_size=256, intermediate_size=688, num_layers=8, num_heads=4)
-FUSED_OPS = ("RMSNorm", "SkipRMSNorm")
+FUSED_OPS = (RMSNORM, SKIP_RMSNORM)  # as the profiler names them (no domain)
 PROFILED_RUNS = {"decode": 100, "prefill": 5}
 
 
@@ -110,8 +111,8 @@ def run_demo(
     log: Callable[[str], None] = print,
 ) -> int:
     """The demo; returns the exit status (1 when verification fails). Models go to ``directory`` when given."""
-    from . import verify
-    from .fusion import fuse_model  # onnxscript is imported only here
+    from . import feeds, verify
+    from .fusion import fuse_file
 
     with tempfile.TemporaryDirectory(prefix="ort-rmsnorm-demo-") as scratch:
         folder = Path(directory) if directory is not None else Path(scratch)
@@ -143,16 +144,14 @@ def run_demo(
         fused = original.with_name(original.name.replace(".onnx", ".fused.onnx"))
 
         start = time.perf_counter()
-        model = model_io.load_model(original)
-        report = fuse_model(model)
-        model_io.save_model(model, fused, protected=[original])
+        report = fuse_file(original, fused).report
         elapsed = time.perf_counter() - start
         log(f"\nfuse: loaded, fused and saved in {elapsed:.1f} s" + (f" -> {fused}" if kept else ""))
         log(report.summary())
 
         rng = np.random.default_rng(0)
-        steps = {"decode": {"input_ids": verify.make_input("input_ids", (1, 1), np.dtype(np.int64), rng)},
-                 "prefill": {"input_ids": verify.make_input("input_ids", (1, sequence), np.dtype(np.int64), rng)}}
+        steps = {"decode": {"input_ids": feeds.make_input("input_ids", (1, 1), np.dtype(np.int64), rng)},
+                 "prefill": {"input_ids": feeds.make_input("input_ids", (1, sequence), np.dtype(np.int64), rng)}}
         result = verify.verify(original, fused, inputs=steps["prefill"])
         log("\nverify:")
         log(result.describe())

@@ -20,6 +20,7 @@ from typing import Mapping, Sequence
 import torch
 from torch import nn
 
+from ._logs import quieted
 from .llama import LlamaConfig
 
 EXPORTERS = ("torchscript", "dynamo")
@@ -117,16 +118,9 @@ def build_llama(config: LlamaConfig, dtype: str = "float32", seed: int = 0) -> L
     return model.to(TORCH_DTYPES[dtype]).eval()
 
 
-@contextlib.contextmanager
-def _quiet_torch_logs():
+def _quiet_exporter():
     """The dynamo exporter logs warnings about unrelated optional packages (torchvision) on each export."""
-    logger = logging.getLogger("torch.onnx")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
+    return quieted("torch.onnx", logging.ERROR)
 
 
 def export(
@@ -166,7 +160,7 @@ def export(
     else:
         raise ValueError(f"unknown exporter {exporter!r}; expected one of {EXPORTERS}")
     module = module.eval()
-    with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), _quiet_torch_logs():
+    with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), _quiet_exporter():
         warnings.simplefilter("ignore")
         torch.onnx.export(
             module,
@@ -240,7 +234,7 @@ def export_cached_causal_lm(model: nn.Module, path: str | os.PathLike, *, opset:
     sequence, total, cached = (torch.export.Dim(name) for name in ("sequence", "total", "past"))
     dynamic_shapes = ({1: sequence}, {1: total}, [{2: cached}] * layers, [{2: cached}] * layers)
     past_names, present_names = kv_cache_names(layers)
-    with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), _quiet_torch_logs():
+    with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), _quiet_exporter():
         warnings.simplefilter("ignore")
         torch.onnx.export(_CachedCausalLM(model.eval()), example, str(path), dynamo=True, verbose=False,
                           opset_version=opset or EXPORTER_OPSET["dynamo"], dynamic_shapes=dynamic_shapes,

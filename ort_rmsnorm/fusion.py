@@ -1,9 +1,13 @@
 """Python API of the fusion pass: replace decomposed RMSNorm subgraphs with one fused operator.
 
->>> fused, report = ort_rmsnorm.fuse("model.onnx")                 # ModelProto out
->>> print(report.summary()); open("report.json", "w").write(report.to_json())
+>>> ort_rmsnorm.fusion.fuse_file("model.onnx", "fused.onnx", report_path="report.json")   # file to file
+>>> fused, report = ort_rmsnorm.fuse("model.onnx")                                      # ModelProto out
+>>> print(report.summary())
 
-For large models (external data), work on an ``onnx_ir.Model`` in place, so that weights stay where they are::
+:func:`fuse_file` is the route ``ort-rmsnorm fuse`` takes: every check before any work (the output may not overwrite
+the input or its data, its folder must exist), the model read with its weights left on disk (external data), fused
+and written atomically, its weights next to it as ``OUT.onnx.data`` when they do not fit one file. To work on an
+``onnx_ir.Model`` in place::
 
     model = onnx_ir.load("big.onnx")                  # tensors load lazily
     report = ort_rmsnorm.fusion.fuse_model(model)     # only small constants are read
@@ -13,22 +17,142 @@ Targets: ``custom`` (default; ``ort_rmsnorm.RMSNorm`` / ``SkipRMSNorm``, needs t
 ``onnx`` (standard ``RMSNormalization``, opset 23) and ``ort`` (onnxruntime's built-in
 ``SimplifiedLayerNormalization`` / ``com.microsoft.SkipSimplifiedLayerNormalization``). docs/fusion.md lists every
 recognized spelling and every reason a candidate is skipped.
+
+The pass (``ort_rmsnorm.rewrites``, which imports onnxscript) is imported on first use, after a file's checks: a bad
+input fails fast.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from typing import Union, overload
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Union, overload
 
 import onnx
 import onnx_ir as ir
 
 from . import model_io
-from .rewrites import Fusion, FusionReport, Skipped, TypeTable, fuse_model, infer_types, rules
+from .contract import DEFAULT_TARGET
 
-__all__ = ["Fusion", "FusionReport", "Skipped", "TypeTable", "fuse", "fuse_model", "infer_types", "rules"]
+if TYPE_CHECKING:
+    from .rewrites import FusionReport
+
+__all__ = ["Fusion", "FusionReport", "FusedFile", "ModelFile", "Skipped", "TypeTable", "fuse", "fuse_file",
+           "fuse_model", "infer_types", "rules"]
+_FROM_THE_PASS = ("Fusion", "FusionReport", "Skipped", "TypeTable", "fuse_model", "infer_types", "rules")
 
 ModelLike = Union[onnx.ModelProto, ir.Model, str, os.PathLike]
+
+
+def __getattr__(name: str):
+    if name in _FROM_THE_PASS:
+        from .rewrites import Fusion, FusionReport, Skipped, TypeTable, fuse_model, infer_types, rules
+
+        return {"Fusion": Fusion, "FusionReport": FusionReport, "Skipped": Skipped, "TypeTable": TypeTable,
+                "fuse_model": fuse_model, "infer_types": infer_types, "rules": rules}[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@dataclasses.dataclass
+class ModelFile:
+    """A model file read for fusing: the model (weights left on disk), the notes reading it made (a model sorted
+    into topological order), and the files an output must not overwrite."""
+
+    path: Path
+    model: ir.Model
+    notes: list[str]
+    data_files: set[Path]
+    """The files its external tensors are stored in."""
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> ModelFile:
+        """Reads and checks ``path`` (:func:`ort_rmsnorm.model_io.load_model`: a bad file is a ModelFileError naming
+        it)."""
+        notes: list[str] = []
+        model = model_io.load_model(path, notes)
+        return cls(Path(path), model, notes, model_io.external_data_files(model))
+
+    @property
+    def protected(self) -> list[Path]:
+        """The file and its data files."""
+        return [self.path, *self.data_files]
+
+    def fuse(self, target: str = DEFAULT_TARGET, *, allow_opset_upgrade: bool = False) -> FusionReport:
+        """Fuses the model in place; the report starts with the notes of reading it. onnx's version converter
+        refusing the model (``allow_opset_upgrade``) is a ModelFileError naming the file."""
+        from .rewrites import fuse_model  # imports onnxscript
+
+        try:
+            return fuse_model(self.model, target, allow_opset_upgrade=allow_opset_upgrade, notes=self.notes)
+        except ValueError as error:
+            raise model_io.ModelFileError(f"{self.path}: {model_io.one_line(error)}") from None
+
+    def save(self, destination: str | os.PathLike, *,
+             on_tensor_written: Callable[[int, int], None] | None = None) -> Path | None:
+        """Writes the model to ``destination`` atomically (:func:`ort_rmsnorm.model_io.save_model`), never over the
+        file it was read from or its data; returns the external data file written, if any."""
+        return model_io.save_model(self.model, destination, protected=self.protected,
+                                   on_tensor_written=on_tensor_written)
+
+
+@dataclasses.dataclass
+class FusedFile:
+    """What :func:`fuse_file` wrote."""
+
+    report: FusionReport
+    data_file: Path | None
+    """The fused model's external data file, when its weights went to one."""
+
+
+def fuse_file(
+    source: str | os.PathLike,
+    destination: str | os.PathLike,
+    target: str = DEFAULT_TARGET,
+    *,
+    report_path: str | os.PathLike | None = None,
+    allow_opset_upgrade: bool = False,
+    progress: Callable[[str], None] | None = None,
+    on_tensor_written: Callable[[int, int], None] | None = None,
+) -> FusedFile:
+    """Fuses the model file ``source`` into ``destination``, as ``ort-rmsnorm fuse`` does.
+
+    Args:
+        source: the model (``.onnx``, external data beside it); never modified.
+        destination: the fused model, written atomically; external data goes to ``<destination>.data`` when the
+            model has some or its weights would not fit one file. It may not be ``source`` or one of its data files
+            (through any link either), and its folder must exist.
+        target: ``"custom"``, ``"onnx"`` or ``"ort"``.
+        report_path: where to write the report as JSON too (atomically; not over the input or the output).
+        allow_opset_upgrade: with ``target="onnx"``, convert a model below opset 23 with onnx's version converter
+            (otherwise its norms are reported as skipped).
+        progress: called with one line per stage (loading, fusing, writing).
+        on_tensor_written: ``(index, total)`` while external data is written.
+
+    Every check is made before the work. Raises :class:`ort_rmsnorm.model_io.ModelFileError` naming the file and the
+    problem: a missing, unreadable, corrupted or invalid model, missing external data, an output that may not be
+    written.
+    """
+    source, destination = Path(source), Path(destination)
+    say = progress or (lambda _line: None)
+    model_io.refuse_overwriting(destination, [source], "the input")
+    say(f"loading {source}")
+    loaded = ModelFile.load(source)
+    # Refuse before the work, not after it (save_model checks again).
+    external_data = model_io.needs_external_data(loaded.model)
+    model_io.check_output_path(destination, loaded.protected, external_data=external_data)
+    if report_path is not None:
+        report_path = Path(report_path)
+        outputs = model_io.output_files(destination, external_data=external_data)
+        model_io.check_output_path(report_path, [], external_data=False)
+        model_io.refuse_overwriting(report_path, [*loaded.protected, *outputs], "the input or output")
+    say(f"fusing (target {target})")
+    report = loaded.fuse(target, allow_opset_upgrade=allow_opset_upgrade)
+    say(f"writing {destination}")
+    data_file = loaded.save(destination, on_tensor_written=on_tensor_written)
+    if report_path is not None:
+        model_io.write_text_atomically(report_path, report.to_json(), protected=loaded.protected)
+    return FusedFile(report, data_file)
 
 
 @overload
@@ -39,13 +163,13 @@ def fuse(
 ) -> tuple[onnx.ModelProto, FusionReport]: ...
 
 
-def fuse(model: ModelLike, target: str = "custom", *, allow_opset_upgrade: bool = False):
+def fuse(model: ModelLike, target: str = DEFAULT_TARGET, *, allow_opset_upgrade: bool = False):
     """Fuses every decomposed RMSNorm in ``model`` and returns ``(fused_model, report)``; the input is not modified.
 
     Args:
         model: an ``onnx.ModelProto`` (a ModelProto is returned), an ``onnx_ir.Model`` (an ``onnx_ir.Model`` is
             returned; the input is cloned first, use :func:`fuse_model` to work in place), or a path (checked and
-            loaded as ``ort-rmsnorm fuse`` does, external data included; a ModelProto is returned). A missing,
+            loaded as :func:`fuse_file` does, external data included; a ModelProto is returned). A missing,
             unreadable, corrupted or invalid file, or missing external data, raises
             :class:`ort_rmsnorm.model_io.ModelFileError` naming the file.
         target: ``"custom"``, ``"onnx"`` or ``"ort"``.
@@ -57,16 +181,19 @@ def fuse(model: ModelLike, target: str = "custom", *, allow_opset_upgrade: bool 
         ``summary()``, ``to_json()``).
     """
     if isinstance(model, ir.Model):
+        from .rewrites import fuse_model
+
         copy = model.clone()
         return copy, fuse_model(copy, target, allow_opset_upgrade=allow_opset_upgrade)
     notes: list[str] = []
     if isinstance(model, (str, os.PathLike)):
-        # As `ort-rmsnorm fuse` reads it: a bad file is a ModelFileError that names it.
-        ir_model = ir.external_data.load_to_model(model_io.load_model(model, notes))
+        loaded = ModelFile.load(model)
+        ir_model, notes = ir.external_data.load_to_model(loaded.model), loaded.notes
     elif isinstance(model, onnx.ModelProto):
         ir_model = ir.serde.deserialize_model(model)
     else:
         raise TypeError(f"fuse() takes an onnx.ModelProto, an onnx_ir.Model or a path, not {type(model).__name__}")
-    report = fuse_model(ir_model, target, allow_opset_upgrade=allow_opset_upgrade)
-    report.notes[:0] = notes
+    from .rewrites import fuse_model
+
+    report = fuse_model(ir_model, target, allow_opset_upgrade=allow_opset_upgrade, notes=notes)
     return ir.serde.serialize_model(ir_model), report

@@ -9,7 +9,6 @@ require (in recent releases through onnx-ir, which requires sympy): :func:`unava
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import logging
 import os
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 import onnx
 
 from . import model_io
+from ._logs import quieted
 
 # (module, class), newest first.
 QUANTIZERS = (("onnxruntime.quantization.matmul_nbits_quantizer", "MatMulNBitsQuantizer"),
@@ -64,25 +64,13 @@ def unavailable() -> str | None:
     return None
 
 
-@contextlib.contextmanager
-def _quiet_quantizer():
-    """The quantizer logs a line per MatMul at INFO level."""
-    logger = logging.getLogger("onnxruntime.quantization")
-    level = logger.level
-    logger.setLevel(logging.WARNING)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
-
-
 def quantize(source: str | os.PathLike, destination: str | os.PathLike, options: Int4Options = Int4Options()) -> dict:
     """Writes the int4 model of ``source`` to ``destination`` (weights in external data next to it when large);
     returns the quantizer's class name and the op counts after quantization (MatMuls left: no constant weight):
     ``{"quantizer": "MatMulNBitsQuantizer", "MatMulNBits": n, "MatMul": m}``."""
     quantizer_class = _import_quantizer()
     model = onnx.load(str(source))
-    with _quiet_quantizer():
+    with quieted("onnxruntime.quantization", logging.WARNING):  # a line per MatMul at INFO level
         quantizer = quantizer_class(model, block_size=options.block_size, is_symmetric=options.symmetric,
                                          accuracy_level=options.accuracy_level or None)
         quantizer.process()

@@ -4,20 +4,19 @@
   model, each naming the file and the problem. Weights stored as external data stay on disk: :func:`load_model`
   returns an ``onnx_ir.Model`` whose external tensors are memory-mapped lazily, so models over 2 GB (which must store
   their weights as external data) are handled without reading the weights.
-- :func:`save_model`: atomic writes. Everything is written into a temporary directory next to the destination,
-  flushed to disk and renamed into place, so an interrupted or failed save leaves no partial output. External data
-  goes next to the output under the output's own name (``OUT.onnx.data``); the input's data files are only read.
-  Temporaries are named ``.NAME.tmp-*`` (:func:`leftover_temporaries`); one left by a killed process stays until
-  removed by hand, as a later run cannot tell it from the temporary of a run still writing.
+- :func:`save_model`: atomic writes (:mod:`ort_rmsnorm.durable`). Everything is written into a temporary directory
+  next to the destination, flushed to disk and renamed into place, so an interrupted or failed save leaves no partial
+  output. External data goes next to the output under the output's own name (``OUT.onnx.data``); the input's data
+  files are only read.
+- :func:`check_output_path`, :func:`refuse_overwriting`: the checks made before any work, so that a run never ends in
+  an output it may not write.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -25,7 +24,8 @@ import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
-from .contract import MS_DOMAIN, ORT_SIMPLIFIED_LAYER_NORM
+from . import durable
+from .contract import MS_DOMAIN, ONNX_DOMAINS, ORT_SIMPLIFIED_LAYER_NORM
 
 # A serialized protobuf message cannot exceed 2 GiB; graphs beyond that keep their weights in external data files.
 PROTOBUF_LIMIT_BYTES = 2**31 - 1
@@ -94,9 +94,10 @@ _UNSORTED = "must be topologically sorted"
 def _every_input_produced(proto: onnx.ModelProto) -> bool:
     """Whether every value a node of the main graph or its subgraphs reads is defined somewhere in them (so that an
     unsorted graph can be sorted; a value that nothing defines is another error)."""
-    defined = {value.name for graph in _graphs(proto.graph) for value in (*graph.input, *graph.initializer)}
-    defined |= {output for graph in _graphs(proto.graph) for node in graph.node for output in node.output}
-    return all(name in defined for graph in _graphs(proto.graph) for node in graph.node for name in node.input if name)
+    graphs = list(_within(proto.graph))
+    defined = {value.name for graph in graphs for value in (*graph.input, *graph.initializer)}
+    defined |= {output for graph in graphs for node in graph.node for output in node.output}
+    return all(name in defined for graph in graphs for node in graph.node for name in node.input if name)
 
 
 def _sorted(path: Path, proto: onnx.ModelProto, error: Exception) -> onnx.ModelProto:
@@ -115,26 +116,21 @@ def _sorted(path: Path, proto: onnx.ModelProto, error: Exception) -> onnx.ModelP
     return sorted_proto
 
 
-def _graphs(graph: onnx.GraphProto) -> Iterable[onnx.GraphProto]:
-    """``graph`` and every subgraph in it."""
-    yield graph
-    for node in graph.node:
+def _within(graph_like: onnx.GraphProto | onnx.FunctionProto) -> Iterable[onnx.GraphProto | onnx.FunctionProto]:
+    """``graph_like`` and every subgraph in it, at any depth. (The proto form of a model, read before any onnx_ir
+    model exists; :func:`ort_rmsnorm.model_types.walk` is the walk of an onnx_ir model.)"""
+    yield graph_like
+    for node in graph_like.node:
         for attribute in node.attribute:
             for subgraph in [attribute.g] if attribute.HasField("g") else attribute.graphs:
-                yield from _graphs(subgraph)
+                yield from _within(subgraph)
 
 
 def _nodes(proto: onnx.ModelProto) -> Iterable[onnx.NodeProto]:
     """Every node of the model: main graph, subgraphs, model-local functions."""
-    for graph in _graphs(proto.graph):
-        yield from graph.node
-    for function in proto.functions:
-        for node in function.node:
-            yield node
-            for attribute in node.attribute:
-                for subgraph in [attribute.g] if attribute.HasField("g") else attribute.graphs:
-                    for inner in _graphs(subgraph):
-                        yield from inner.node
+    for top in (proto.graph, *proto.functions):
+        for graph_like in _within(top):
+            yield from graph_like.node
 
 
 def _without_external_initializers(proto: onnx.ModelProto) -> onnx.ModelProto:
@@ -144,7 +140,7 @@ def _without_external_initializers(proto: onnx.ModelProto) -> onnx.ModelProto:
     copy = onnx.ModelProto()
     copy.CopyFrom(proto)
     inputs = {value.name for value in copy.graph.input}
-    for graph in _graphs(copy.graph):
+    for graph in _within(copy.graph):
         kept = [tensor for tensor in graph.initializer if tensor.data_location != onnx.TensorProto.EXTERNAL]
         moved = [tensor for tensor in graph.initializer if tensor.data_location == onnx.TensorProto.EXTERNAL]
         if not moved:
@@ -159,7 +155,7 @@ def _without_external_initializers(proto: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _run_checker(path: Path, proto: onnx.ModelProto) -> None:
-    if not any(node.domain in ("", "ai.onnx") and node.op_type in ORT_OPS_IN_ONNX_DOMAIN for node in _nodes(proto)):
+    if not any(node.domain in ONNX_DOMAINS and node.op_type in ORT_OPS_IN_ONNX_DOMAIN for node in _nodes(proto)):
         # The path form reads the file in C++ and checks that external data files exist, without reading them.
         onnx.checker.check_model(str(path))
         return
@@ -171,7 +167,7 @@ def _check_in_memory(proto: onnx.ModelProto) -> None:
     its contrib domain, whose ops the checker skips."""
     checked = _without_external_initializers(proto)
     for node in _nodes(checked):
-        if node.domain in ("", "ai.onnx") and node.op_type in ORT_OPS_IN_ONNX_DOMAIN:
+        if node.domain in ONNX_DOMAINS and node.op_type in ORT_OPS_IN_ONNX_DOMAIN:
             node.domain = MS_DOMAIN
     if not any(opset.domain == MS_DOMAIN for opset in checked.opset_import):
         checked.opset_import.add(domain=MS_DOMAIN, version=1)
@@ -285,81 +281,6 @@ def output_files(output: str | os.PathLike, *, external_data: bool) -> list[Path
     return [output, output.with_name(data_file_name(output))] if external_data else [output]
 
 
-def _fsync(path: Path) -> None:
-    flags = (os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)) if path.is_dir() else os.O_RDONLY
-    descriptor = os.open(path, flags)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
-STAGED, PREVIOUS = ".tmp-", ".old-"
-"""A temporary of the output ``NAME`` is named ``.NAME`` + marker + random characters, in ``NAME``'s directory:
-``STAGED`` while it is written, ``PREVIOUS`` for a replaced output folder on its way out."""
-
-
-def temporary_prefix(output: Path, marker: str = STAGED) -> str:
-    """The prefix of ``output``'s temporaries (for tempfile's ``prefix``)."""
-    return f".{output.name}{marker}"
-
-
-def leftover_temporaries(output: str | os.PathLike) -> list[Path]:
-    """Temporaries of ``output`` in its directory: left by a run that was killed, or belonging to one still
-    writing (nothing tells them apart)."""
-    output = Path(output)
-    with contextlib.suppress(OSError):
-        return sorted(path for marker in (STAGED, PREVIOUS)
-                      for path in output.parent.glob(f"{temporary_prefix(output, marker)}*"))
-    return []
-
-
-@contextlib.contextmanager
-def _directory_lock(directory: Path):
-    """An exclusive lock on ``directory`` (flock(2), released by the kernel when the process dies): two processes
-    renaming their model and data files into the same directory do so one after the other, never interleaved into
-    one's model next to the other's data. No lock where the platform or the file system has none."""
-    try:
-        import fcntl
-    except ImportError:
-        yield
-        return
-    descriptor = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX)
-        except OSError as error:  # a file system without locks (some network ones): rename unlocked
-            if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
-                raise
-        yield
-    finally:
-        os.close(descriptor)  # releases the lock
-
-
-def _move_into_place(staged_files: list[Path], directory: Path) -> None:
-    """Renames the staged files into ``directory`` in order (the model file last: whoever sees it finds its data
-    complete); if a rename fails, the files already moved are removed again so that no partial output remains.
-
-    A model and its data file cannot be renamed in one step, so with several files a previous model of that name is
-    removed first: a process killed between the renames leaves no model rather than the previous model next to the
-    new data, which it would read at the wrong offsets."""
-    moved: list[Path] = []
-    with _directory_lock(directory):
-        try:
-            if len(staged_files) > 1:
-                with contextlib.suppress(FileNotFoundError):
-                    (directory / staged_files[-1].name).unlink()
-            for staged in staged_files:
-                os.replace(staged, directory / staged.name)
-                moved.append(directory / staged.name)
-            _fsync(directory)
-        except BaseException:
-            for path in moved:
-                with contextlib.suppress(OSError):
-                    path.unlink()
-            raise
-
-
 def _load_external_tensors(model: ir.Model, max_bytes: int | None) -> None:
     """Replaces the external tensors of at most ``max_bytes`` (all: None) with in-memory copies.
 
@@ -405,7 +326,7 @@ def save_model(
             on_tensor_written(info.index + 1, info.total)
 
     try:
-        staging = Path(tempfile.mkdtemp(dir=output.parent, prefix=temporary_prefix(output)))
+        staging = durable.staging_folder(output)
     except OSError as error:
         raise ModelFileError(f"{output}: cannot write in {output.parent}: {error.strerror or error}") from None
     try:
@@ -417,10 +338,7 @@ def save_model(
             size_threshold_bytes=EXTERNAL_DATA_THRESHOLD_BYTES,
             callback=callback,
         )
-        staged_files = [*([staging / data_name] if data_name else []), staged_model]
-        for staged in staged_files:
-            _fsync(staged)
-        _move_into_place(staged_files, output.parent)
+        durable.move_into_place([*([staging / data_name] if data_name else []), staged_model], output.parent)
     except ValueError as error:
         # onnx.save's 2 GiB protobuf limit, onnx_ir's checks on external data paths.
         raise ModelFileError(f"{output}: cannot write the model: {one_line(error)}") from None
@@ -433,30 +351,16 @@ def save_model(
 
 def write_atomically(path: str | os.PathLike, write: Callable[[Path], None], *,
                      protected: Iterable[Path] = ()) -> None:
-    """Writes ``path`` with ``write(temporary)``, a file in the same directory renamed to ``path`` once complete: a
-    reader never sees a partial file, and a failure leaves an existing ``path`` as it was. The file gets the
-    permissions a plain open() gives (mkstemp's are 0600)."""
+    """Writes ``path`` with ``write(temporary)`` atomically (:func:`ort_rmsnorm.durable.write_file`), refusing to
+    overwrite the ``protected`` files; :class:`ModelFileError` when it cannot."""
     path = Path(path)
     if not path.parent.is_dir():
         raise ModelFileError(f"{path}: the directory {path.parent} does not exist")
     refuse_overwriting(path, protected, "the input")
-    temporary = None
     try:
-        descriptor, name = tempfile.mkstemp(dir=path.parent, prefix=temporary_prefix(path))
-        os.close(descriptor)
-        temporary = Path(name)
-        write(temporary)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(temporary, 0o666 & ~umask)
-        _fsync(temporary)
-        os.replace(temporary, path)
+        durable.write_file(path, write)
     except OSError as error:
         raise ModelFileError(f"{path}: cannot write: {error.strerror or error}") from None
-    finally:
-        if temporary is not None:
-            with contextlib.suppress(FileNotFoundError):
-                temporary.unlink()
 
 
 def write_text_atomically(path: str | os.PathLike, text: str, *, protected: Iterable[Path] = ()) -> None:

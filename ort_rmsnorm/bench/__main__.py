@@ -1,15 +1,24 @@
-"""``python -m ort_rmsnorm.bench ARGS`` is ``ort-rmsnorm bench ARGS`` (the same checks and error messages)."""
+"""``python -m ort_rmsnorm.bench ARGS`` is ``ort-rmsnorm bench ARGS`` (the same options, checks and messages)."""
 
 from __future__ import annotations
 
 import sys
 
-from ..cli import main as cli_main
+from ..command_line import PROG, Parser, exit_with, run_program
+from .arguments import HELP, add_bench_arguments
+from .command import run_checked
+
+
+def _parser() -> Parser:
+    parser = Parser(prog=f"{PROG} bench", description=HELP)
+    add_bench_arguments(parser)
+    parser.set_defaults(run=run_checked)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    return cli_main(["bench", *(sys.argv[1:] if argv is None else argv)])
+    return run_program(_parser, sys.argv[1:] if argv is None else argv, f"{PROG} bench")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main())

@@ -1,8 +1,8 @@
 """``ort-rmsnorm bench``: what the command line runs once its options are parsed (ort_rmsnorm.bench.arguments).
 
-:func:`problem` says, before anything is measured, why a run cannot start (a missing optional dependency, options
-that do not go together); the command line reports it as a usage error. :func:`run_bench` runs the kernel benchmark
-or an end-to-end one and writes its results."""
+:func:`run_checked` is the subcommand: :func:`problem` says, before anything is measured, why a run cannot start (a
+missing optional dependency, options that do not go together), reported as a usage error; the folders the run writes
+into are made; then :func:`run_bench` runs the kernel benchmark or an end-to-end one and writes its results."""
 
 from __future__ import annotations
 
@@ -10,14 +10,15 @@ import argparse
 import dataclasses
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
+from ..command_line import UsageError, make_directory
 from ..model_io import write_text_atomically
-from . import e2e_plan
+from . import e2e_plan, plots
 from .arguments import plan_from_args
 from .machine import machine_info, machine_line
 from .plan import run_plan
-from .plots import write_plot
 from .tables import markdown_tables
 
 
@@ -50,6 +51,25 @@ def problem(args: argparse.Namespace) -> str | None:
     return None
 
 
+def run_checked(args: argparse.Namespace) -> int:
+    """Checks what a run needs before it starts (a full run takes minutes), then runs it; :class:`UsageError` for a
+    run that cannot start."""
+    if (why := problem(args)) is not None:
+        raise UsageError(why)
+    if not args.e2e and args.plot != "none" and not plots.can_plot():
+        if args.plot is not None:
+            raise UsageError(f"--plot {args.plot}: matplotlib is not installed (pip install matplotlib), "
+                             "or --plot none")
+        print("no plot: matplotlib is not installed (pip install matplotlib)", file=sys.stderr)
+        args.plot = "none"
+    make_directory("--out", Path(args.out))
+    if args.e2e and args.e2e_keep:
+        make_directory("--e2e-keep", Path(args.e2e_keep))
+    if not args.e2e and args.plot not in (None, "none"):
+        make_directory("--plot", Path(args.plot).parent)
+    return run_bench(args)
+
+
 def run_bench(args: argparse.Namespace) -> int:
     if args.e2e == "float":
         return run_float_e2e(args)
@@ -64,7 +84,7 @@ def run_bench(args: argparse.Namespace) -> int:
     print(tables)
     if args.plot != "none":
         plot = Path(args.plot) if args.plot else out / "cpu.png"
-        write_plot(report, plot)
+        plots.write_plot(report, plot)
         print(f"plot: {plot}")
     print(f"results: {out / 'cpu.json'}, {out / 'cpu.md'}")
     return 0

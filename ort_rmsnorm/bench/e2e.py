@@ -24,15 +24,23 @@ from typing import Callable
 import numpy as np
 import onnxruntime as ort
 
-from .. import exporters, model_io, runtime, verify
-from ..fusion import fuse_model
+from .. import exporters, runtime, verify
+from ..contract import (
+    ONNX_RMSNORM,
+    ORT_SIMPLIFIED_LAYER_NORM,
+    ORT_SKIP_SIMPLIFIED_LAYER_NORM,
+    RMSNORM,
+    SKIP_RMSNORM,
+)
+from ..fusion import ModelFile
 from ..llama import LlamaConfig
 from .e2e_plan import FLOAT_CONFIG, FLOAT_DTYPES, FLOAT_PREFILL_TOKENS, FLOAT_RUNS
 from .profile import nodes_by_run, node_name, op_type, read_profile
 from .timing import clock_function, clock_name
 
-NORM_OPS = ("RMSNorm", "SkipRMSNorm", "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization",
-            "RMSNormalization", "LayerNormalization", "SkipLayerNormalization")
+# As the profiler names ops (no domain); onnxruntime's LayerNorms too.
+NORM_OPS = (RMSNORM, SKIP_RMSNORM, ORT_SIMPLIFIED_LAYER_NORM, ORT_SKIP_SIMPLIFIED_LAYER_NORM, ONNX_RMSNORM,
+            "LayerNormalization", "SkipLayerNormalization")
 
 
 @dataclasses.dataclass
@@ -104,10 +112,10 @@ def _export_and_fuse(config: LlamaConfig, dtype: str, folder: Path) -> tuple[Pat
     """(original path, fused path, the original's norm node names, what was fused)."""
     original, fused = folder / f"llama-{dtype}.onnx", folder / f"llama-{dtype}.fused.onnx"
     exporters.export_llama(config, original, exporter="dynamo", dtype=dtype)
-    model = model_io.load_model(original)
-    norm_nodes = _norm_module_nodes(model)
-    report = fuse_model(model)
-    model_io.save_model(model, fused, protected=[original])
+    model = ModelFile.load(original)
+    norm_nodes = _norm_module_nodes(model.model)
+    report = model.fuse()
+    model.save(fused)
     fusion = {"fused": dict(collections.Counter(f.op_type for f in report.fusions)), "skipped": len(report.skipped)}
     return original, fused, norm_nodes, fusion
 

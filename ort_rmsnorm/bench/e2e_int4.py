@@ -38,12 +38,13 @@ import onnx
 import onnxruntime as ort
 
 from .. import int4, model_io, runtime, verify
-from ..fusion import fuse_model
+from ..contract import RMSNORM, SKIP_RMSNORM
+from ..fusion import fuse_file
 from .e2e_plan import Int4Plan
 from .profile import node_medians, norm_share, profiled_runs
 from .timing import clock_function, clock_name
 
-FUSED_OPS = ("RMSNorm", "SkipRMSNorm")
+FUSED_OPS = (RMSNORM, SKIP_RMSNORM)  # as the profiler and the model's nodes name them (no domain)
 NORM_EPSILON = 1e-5  # SmolLM's rms_norm_eps
 # Neighbours of a fused norm that might be absorbed into it exactly: casts, shape changes, elementwise arithmetic.
 NEIGHBOUR_OPS = ("Cast", "CastLike", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose", "Identity", "Expand",
@@ -133,7 +134,7 @@ class Models:
 
 def _scale_inputs(model: onnx.ModelProto) -> set[str]:
     """The scale inputs of the fused nodes (RMSNorm's second input, SkipRMSNorm's third)."""
-    position = {"RMSNorm": 1, "SkipRMSNorm": 2}
+    position = {RMSNORM: 1, SKIP_RMSNORM: 2}
     return {node.input[position[node.op_type]] for node in model.graph.node
             if node.op_type in position and len(node.input) > position[node.op_type]}
 
@@ -178,9 +179,7 @@ def prepare_models(shape: ModelShape, plan: Int4Plan, folder: Path, log: Callabl
             path.unlink()  # the float32 export: up to gigabytes, no longer needed
 
     start = time.perf_counter()
-    ir_model = model_io.load_model(original)
-    report = fuse_model(ir_model)
-    model_io.save_model(ir_model, fused, protected=[original])
+    report = fuse_file(original, fused).report
     seconds["fuse"] = time.perf_counter() - start
     reasons = collections.Counter(s.reason for s in report.skipped)
     fusion = {"fused": dict(collections.Counter(f.op_type for f in report.fusions)),
@@ -311,7 +310,7 @@ def neighbours(models: Models, folder: Path) -> tuple[dict[str, int], dict[str, 
     for node in graph.node:
         if node.op_type not in FUSED_OPS:
             continue
-        data_inputs = node.input[:2] if node.op_type == "SkipRMSNorm" else node.input[:1]
+        data_inputs = node.input[:2] if node.op_type == SKIP_RMSNORM else node.input[:1]
         sides = [f"{label}<-{source(name)}" for label, name in zip(("X", "skip"), data_inputs)]
         for label, name in zip(("Y", "sum"), node.output):
             if name:

@@ -10,7 +10,16 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from ..contract import OP_DOMAIN, OP_VERSION
+from ..contract import (
+    MS_DOMAIN,
+    ONNX_RMSNORM,
+    OP_DOMAIN,
+    OP_VERSION,
+    ORT_SIMPLIFIED_LAYER_NORM,
+    ORT_SKIP_SIMPLIFIED_LAYER_NORM,
+    RMSNORM,
+    SKIP_RMSNORM,
+)
 from ..runtime import BFLOAT16
 
 
@@ -92,37 +101,37 @@ def copy_by_gather(shape: Shape, rows: int) -> onnx.ModelProto:
 
 
 def ours_rmsnorm(shape: Shape) -> onnx.ModelProto:
-    node = helper.make_node("RMSNorm", ["x", "scale"], ["y"], domain=OP_DOMAIN, epsilon=EPSILON)
+    node = helper.make_node(RMSNORM, ["x", "scale"], ["y"], domain=OP_DOMAIN, epsilon=EPSILON)
     return _norm_model([node], shape, [_scale(shape)], OURS_OPSETS)
 
 
 def ours_skip_rmsnorm(shape: Shape) -> onnx.ModelProto:
-    node = helper.make_node("SkipRMSNorm", ["x", "skip", "scale"], ["y", "sum"], domain=OP_DOMAIN, epsilon=EPSILON)
+    node = helper.make_node(SKIP_RMSNORM, ["x", "skip", "scale"], ["y", "sum"], domain=OP_DOMAIN, epsilon=EPSILON)
     return _skip_model([node], shape, [_scale(shape)], OURS_OPSETS)
 
 
 def add_then_ours_rmsnorm(shape: Shape) -> onnx.ModelProto:
     """The residual add unfused: onnxruntime's Add, then our RMSNorm."""
     nodes = [helper.make_node("Add", ["x", "skip"], ["sum"]),
-             helper.make_node("RMSNorm", ["sum", "scale"], ["y"], domain=OP_DOMAIN, epsilon=EPSILON)]
+             helper.make_node(RMSNORM, ["sum", "scale"], ["y"], domain=OP_DOMAIN, epsilon=EPSILON)]
     return _skip_model(nodes, shape, [_scale(shape)], OURS_OPSETS)
 
 
 def ort_simplified_layer_norm(shape: Shape) -> onnx.ModelProto:
-    node = helper.make_node("SimplifiedLayerNormalization", ["x", "scale"], ["y"], axis=-1, epsilon=EPSILON,
+    node = helper.make_node(ORT_SIMPLIFIED_LAYER_NORM, ["x", "scale"], ["y"], axis=-1, epsilon=EPSILON,
                             stash_type=1)
     return _norm_model([node], shape, [_scale(shape)])
 
 
 def onnx_rms_normalization(shape: Shape) -> onnx.ModelProto:
-    node = helper.make_node("RMSNormalization", ["x", "scale"], ["y"], axis=-1, epsilon=EPSILON, stash_type=1)
+    node = helper.make_node(ONNX_RMSNORM, ["x", "scale"], ["y"], axis=-1, epsilon=EPSILON, stash_type=1)
     return _norm_model([node], shape, [_scale(shape)], [("", 23)])
 
 
 def ort_skip_simplified_layer_norm(shape: Shape) -> onnx.ModelProto:
-    node = helper.make_node("SkipSimplifiedLayerNormalization", ["x", "skip", "scale"], ["y", "", "", "sum"],
-                            domain="com.microsoft", epsilon=EPSILON)
-    return _skip_model([node], shape, [_scale(shape)], [("", 18), ("com.microsoft", 1)])
+    node = helper.make_node(ORT_SKIP_SIMPLIFIED_LAYER_NORM, ["x", "skip", "scale"], ["y", "", "", "sum"],
+                            domain=MS_DOMAIN, epsilon=EPSILON)
+    return _skip_model([node], shape, [_scale(shape)], [("", 18), (MS_DOMAIN, 1)])
 
 
 def _decomposed_nodes(source: str, shape: Shape) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:

@@ -9,7 +9,7 @@ import onnx_ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from ort_rmsnorm import verify
+from ort_rmsnorm import feeds, verify
 from ort_rmsnorm.runtime import make_session
 from op_models import make_model
 
@@ -147,7 +147,7 @@ def _model(inputs, output_dtype=TensorProto.FLOAT):
 
 
 def _feeds(model, **options):
-    return verify.make_inputs(make_session(model).get_inputs(), **options)
+    return feeds.make_inputs(make_session(model).get_inputs(), **options)
 
 
 def test_symbolic_dims_defaults_overrides_and_expressions():
@@ -214,7 +214,7 @@ def test_given_inputs_bind_their_dims():
 )
 def test_bad_dims_and_inputs_are_clear_errors(options, message):
     model = _model([("x", TensorProto.FLOAT, ["batch", 8])])
-    with pytest.raises(verify.VerifyInputError) as info:
+    with pytest.raises(feeds.VerifyInputError) as info:
         _feeds(model, **options)
     assert message in str(info.value)
 
@@ -222,10 +222,10 @@ def test_bad_dims_and_inputs_are_clear_errors(options, message):
 def test_bfloat16_inputs_from_npy(tmp_path):
     array = np.arange(6, dtype=np.float32).reshape(2, 3).astype(BFLOAT16)
     np.save(tmp_path / "x.npy", array)  # stored as 2-byte records
-    loaded = verify.load_npy_inputs({"x": tmp_path / "x.npy"})
+    loaded = feeds.load_npy_inputs({"x": tmp_path / "x.npy"})
     model = _model([("x", TensorProto.BFLOAT16, ["batch", 3])], TensorProto.BFLOAT16)
-    feeds = _feeds(model, given=loaded)
-    assert feeds["x"].dtype == BFLOAT16 and np.array_equal(feeds["x"], array)
+    made = _feeds(model, given=loaded)
+    assert made["x"].dtype == BFLOAT16 and np.array_equal(made["x"], array)
 
 
 # --- the command ----------------------------------------------------------------------------------------------------

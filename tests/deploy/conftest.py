@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from deploy import genai_folders as folders
+from ort_rmsnorm.bench import genai
+
+from deploy import genai_folders
 
 
 @dataclasses.dataclass
@@ -36,7 +38,7 @@ def tree_digest(root: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def _onnx_genai_folder(tmp_path_factory) -> Path:
-    return folders.write_onnx_genai_folder(tmp_path_factory.mktemp("onnx_genai") / "model")
+    return genai_folders.write_onnx_genai_folder(tmp_path_factory.mktemp("onnx_genai") / "model")
 
 
 @pytest.fixture
@@ -47,7 +49,7 @@ def onnx_genai_folder(_onnx_genai_folder, tmp_path) -> Path:
 
 @pytest.fixture(scope="session")
 def _onnx_folder(tmp_path_factory) -> Path:
-    return folders.write_onnx_folder(tmp_path_factory.mktemp("onnx_folder") / "model")
+    return genai_folders.write_onnx_folder(tmp_path_factory.mktemp("onnx_folder") / "model")
 
 
 @pytest.fixture
@@ -66,13 +68,13 @@ class GenaiBuilds:
 
     def hf(self, architecture: str) -> Path:
         if architecture not in self._hf:
-            self._hf[architecture] = folders.make_hf_folder(architecture, self.root / f"hf-{architecture}")
+            self._hf[architecture] = genai.make_hf_folder(architecture, self.root / f"hf-{architecture}")
         return self._hf[architecture]
 
     def folder(self, architecture: str, precision: str) -> Path:
         key = (architecture, precision)
         if key not in self._built:
-            self._built[key] = folders.build_genai_folder(self.hf(architecture),
+            self._built[key] = genai.build_genai_folder(self.hf(architecture),
                                                           self.root / f"{architecture}-{precision}", precision,
                                                           self.root / "builder-cache")
         return self._built[key]
@@ -81,7 +83,7 @@ class GenaiBuilds:
 @pytest.fixture(scope="session")
 def genai_builds(tmp_path_factory) -> GenaiBuilds:
     """Skips without onnxruntime-genai (or the torch/transformers its builder needs), saying which is missing."""
-    missing = folders.missing_requirements()
+    missing = genai.missing_requirements()
     if missing:
         pytest.skip(f"the onnxruntime-genai round trip needs it: {missing}")
     return GenaiBuilds(tmp_path_factory.mktemp("genai"))

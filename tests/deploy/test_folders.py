@@ -17,8 +17,9 @@ import pytest
 
 import ort_rmsnorm
 from deploy.conftest import run_cli, tree_digest
-from deploy.genai_folders import norm_ops, simplified_norm_model
-from ort_rmsnorm import folders, model_io
+from deploy.genai_folders import simplified_norm_model
+from ort_rmsnorm import durable, folders, model_io
+from ort_rmsnorm.bench.genai import norm_ops
 
 LIBRARY = Path(ort_rmsnorm.get_library_path()).name
 
@@ -247,7 +248,7 @@ def test_interrupted_write_leaves_nothing(onnx_folder, tmp_path, monkeypatch):
     def fail(*_args, **_kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(folders, "_publish", fail)
+    monkeypatch.setattr(folders.fuse, "_publish", fail)
     with pytest.raises(KeyboardInterrupt):
         folders.fuse_folder(onnx_folder, tmp_path / "out")
     assert not (tmp_path / "out").exists() and _leftovers(tmp_path) == []
@@ -255,7 +256,7 @@ def test_interrupted_write_leaves_nothing(onnx_folder, tmp_path, monkeypatch):
 
 def test_replace_without_exchange(onnx_folder, tmp_path, monkeypatch):
     """Where the system cannot swap two folders in one step, the old one is moved aside first, then removed."""
-    monkeypatch.setattr(folders, "_exchange", lambda _first, _second: False)
+    monkeypatch.setattr(durable, "exchange", lambda _first, _second: False)
     out = tmp_path / "out"
     out.mkdir()
     (out / "stale.txt").write_text("from before")

@@ -1,0 +1,92 @@
+"""What every entry point of the command line keeps (``ort-rmsnorm``, ``python -m ort_rmsnorm.bench``): the exit
+statuses, errors on one line, progress lines on stderr, interrupts.
+
+Expected errors (unreadable or invalid input, bad options, an output that would overwrite the input) print one line
+on stderr and exit with 2; a verification mismatch exits with 1; an interrupt exits with 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+PROG = "ort-rmsnorm"
+EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process that SIGINT ended
+
+
+class UsageError(Exception):
+    """A bad option value found after parsing; exits with 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser with its errors on one line (argparse prints the whole usage first)."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class Progress:
+    """Stage and progress lines on stderr, with the time since the command started."""
+
+    def __init__(self, quiet: bool = False, interval_s: float = 2.0):
+        self.quiet, self.interval_s = quiet, interval_s
+        self.start = self.last = time.perf_counter()
+
+    def stage(self, message: str) -> None:
+        if not self.quiet:
+            print(f"[{time.perf_counter() - self.start:6.1f}s] {message}", file=sys.stderr, flush=True)
+            self.last = time.perf_counter()
+
+    def tensors_written(self, index: int, total: int) -> None:
+        if index == total or time.perf_counter() - self.last >= self.interval_s:
+            self.stage(f"  external data: {index}/{total} tensors written")
+
+
+def make_directory(option: str, directory: Path) -> None:
+    """Where a command writes at its end: made (or refused) before it runs."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UsageError(f"{option}: cannot make the directory {directory}: {error.strerror or error}") from None
+
+
+def _expected_errors() -> tuple[type[BaseException], ...]:
+    from .model_io import ModelFileError
+    from .verify import VerifyInputError
+
+    return (UsageError, ModelFileError, VerifyInputError, FileNotFoundError)
+
+
+def run_program(build_parser: Callable[[], argparse.ArgumentParser], argv: Sequence[str] | None, name: str,
+                name_of: Callable[[argparse.Namespace], str] | None = None) -> int:
+    """Parses ``argv`` with ``build_parser()``'s parser and runs ``args.run(args)``; expected errors and interrupts
+    become a line on stderr and the exit status. ``name``: the program's name in those lines, ``name_of(args)`` the
+    command's once known."""
+    try:
+        # Building the parser imports the subcommands' modules: an interrupt may land here too.
+        args = build_parser().parse_args(argv)
+        name = name_of(args) if name_of is not None else name
+        return args.run(args)
+    except KeyboardInterrupt:  # first: the next clause imports modules, which an interrupt may have left half-made
+        print(f"{name}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except _expected_errors() as error:
+        print(f"{name}: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def exit_with(status: int) -> None:
+    """Ends the process with ``status``. After an interruption it leaves through ``os._exit``: CPython ends the
+    process by SIGINT at exit, even after the interrupt was handled, when the KeyboardInterrupt passed through an
+    ``eval()`` of a string (``collections.namedtuple`` makes its classes so: an interrupt during fusing would end with
+    status -2, not 130). Everything was cleaned up by then."""
+    if status == EXIT_INTERRUPTED:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    sys.exit(status)
