@@ -54,11 +54,17 @@ const char kUsage[] =
     "  --float32-sum SkipRMSNorm normalizing the float32 sum (normalize_float32_sum = 1)\n"
     "  --streaming   write the outputs with streaming stores, as the library does for outputs of 8 MB or more\n"
     "  --threads     run every contender on N threads, claiming the library's tasks of rows in turn (wall time)\n"
-    "  --isa         kernel sets to time (default: every one this CPU runs): scalar, avx2, avx512, avx512bf16,\n"
-    "                avx512fp16, neon\n";
+    "  --isa         kernel sets to time (default: every one this CPU runs):";
+
+// kUsage, ending with the instruction sets' names (kCpuIsaNames).
+std::string Usage() {
+  std::string text = kUsage;
+  for (const char* name : kCpuIsaNames) text += std::string(text.back() == ':' ? " " : ", ") + name;
+  return text + "\n";
+}
 
 [[noreturn]] void Fail(const std::string& message) {
-  std::fprintf(stderr, "kernel_bench: %s\n%s", message.c_str(), kUsage);
+  std::fprintf(stderr, "kernel_bench: %s\n%s", message.c_str(), Usage().c_str());
   std::exit(2);
 }
 
@@ -108,7 +114,7 @@ Options Parse(int argc, char** argv) {
         start = comma + 1;
       }
     } else if (arg == "-h" || arg == "--help") {
-      std::printf("%s", kUsage);
+      std::printf("%s", Usage().c_str());
       std::exit(0);
     } else {
       Fail("unknown argument '" + arg + "'");

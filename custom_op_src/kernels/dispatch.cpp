@@ -1,6 +1,7 @@
 // Chooses the kernels for this CPU once, MLAS-style: each instruction set lives in its own translation unit,
 // compiled with its own flags, and is only called after the CPU (and OS) have been checked to support it.
 #include <cstring>
+#include <string>
 
 #include "rmsnorm_kernels.h"
 
@@ -83,6 +84,20 @@ const CpuFeatures& Features() {
   return features;
 }
 
+// "unknown instruction set (expected scalar, neon, ... or avx512fp16)", from kCpuIsaNames.
+const char* UnknownIsaMessage() {
+  static const std::string message = [] {
+    std::string text = "unknown instruction set (expected ";
+    const size_t count = sizeof(kCpuIsaNames) / sizeof(kCpuIsaNames[0]);
+    for (size_t i = 0; i < count; ++i) {
+      text += i == 0 ? "" : i + 1 == count ? " or " : ", ";
+      text += kCpuIsaNames[i];
+    }
+    return text + ")";
+  }();
+  return message.c_str();
+}
+
 }  // namespace
 
 template <>
@@ -106,17 +121,7 @@ WidenFn<BFloat16> CpuKernels::widen<BFloat16>() const {
   return widen_bf16;
 }
 
-const char* CpuIsaName(CpuIsa isa) {
-  switch (isa) {
-    case CpuIsa::kScalar: return "scalar";
-    case CpuIsa::kNeon: return "neon";
-    case CpuIsa::kAvx2: return "avx2";
-    case CpuIsa::kAvx512: return "avx512";
-    case CpuIsa::kAvx512Bf16: return "avx512bf16";
-    case CpuIsa::kAvx512Fp16: return "avx512fp16";
-  }
-  return "?";
-}
+const char* CpuIsaName(CpuIsa isa) { return kCpuIsaNames[static_cast<int>(isa)]; }
 
 const CpuKernels* CpuKernelsFor(CpuIsa isa) {
   switch (isa) {
@@ -144,7 +149,7 @@ const CpuKernels* SelectCpuKernels(const char* requested, const char** error) {
     if (!kernels && error) *error = "the requested instruction set is not supported by this CPU or build";
     return kernels;
   }
-  if (error) *error = "unknown instruction set (expected scalar, neon, avx2, avx512, avx512bf16 or avx512fp16)";
+  if (error) *error = UnknownIsaMessage();
   return nullptr;
 }
 

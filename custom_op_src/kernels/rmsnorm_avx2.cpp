@@ -70,6 +70,6 @@ struct Avx2Lanes {
 
 }  // namespace
 
-extern const CpuKernels kAvx2Kernels = MakeCpuKernels<Avx2Lanes>("avx2");
+extern const CpuKernels kAvx2Kernels = MakeCpuKernels<Avx2Lanes>(CpuIsa::kAvx2);
 
 }  // namespace ort_rmsnorm

@@ -121,11 +121,11 @@ struct Avx512Lanes {
 }  // namespace
 
 #if defined(ORT_RMSNORM_AVX512_FP16)
-extern const CpuKernels kAvx512Fp16Kernels = MakeCpuKernels<Avx512Lanes>("avx512fp16");
+extern const CpuKernels kAvx512Fp16Kernels = MakeCpuKernels<Avx512Lanes>(CpuIsa::kAvx512Fp16);
 #elif defined(ORT_RMSNORM_AVX512_BF16)
-extern const CpuKernels kAvx512Bf16Kernels = MakeCpuKernels<Avx512Lanes>("avx512bf16");
+extern const CpuKernels kAvx512Bf16Kernels = MakeCpuKernels<Avx512Lanes>(CpuIsa::kAvx512Bf16);
 #else
-extern const CpuKernels kAvx512Kernels = MakeCpuKernels<Avx512Lanes>("avx512");
+extern const CpuKernels kAvx512Kernels = MakeCpuKernels<Avx512Lanes>(CpuIsa::kAvx512);
 #endif
 
 }  // namespace ort_rmsnorm

@@ -76,7 +76,7 @@ using WidenFn = void (*)(const T* src, float* dst, int64_t n);
 
 // The kernels of one instruction set.
 struct CpuKernels {
-  const char* isa;  // "scalar", "avx2", "avx512", "avx512bf16", "avx512fp16", "neon"
+  const char* isa;  // its name in kCpuIsaNames
   RowsFn<float> f32;
   RowsFn<Float16> f16;
   RowsFn<BFloat16> bf16;
@@ -104,13 +104,18 @@ WidenFn<BFloat16> CpuKernels::widen<BFloat16>() const;
 enum class CpuIsa { kScalar, kNeon, kAvx2, kAvx512, kAvx512Bf16, kAvx512Fp16 };
 constexpr CpuIsa kAllCpuIsas[] = {CpuIsa::kScalar,  CpuIsa::kNeon,       CpuIsa::kAvx2,
                                   CpuIsa::kAvx512,  CpuIsa::kAvx512Bf16, CpuIsa::kAvx512Fp16};
+// The one table of the instruction sets' names, by CpuIsa (ORT_RMSNORM_CPU_ISA, build_info.json, test output). A
+// const array at namespace scope has internal linkage, as everything the instruction-set objects share must.
+constexpr const char* kCpuIsaNames[] = {"scalar", "neon", "avx2", "avx512", "avx512bf16", "avx512fp16"};
+static_assert(sizeof(kCpuIsaNames) / sizeof(kCpuIsaNames[0]) == sizeof(kAllCpuIsas) / sizeof(kAllCpuIsas[0]),
+              "one name per instruction set");
 
 const char* CpuIsaName(CpuIsa isa);
 
 // The kernels for `isa`, or nullptr when they are not compiled in or this CPU/OS cannot run them.
 const CpuKernels* CpuKernelsFor(CpuIsa isa);
 
-// The best kernels this CPU runs, or those named by `requested` ("scalar", "avx2", ...; nullptr or "" = best).
+// The best kernels this CPU runs, or those named by `requested` (a name of kCpuIsaNames; nullptr or "" = best).
 // Returns nullptr and sets `*error` when `requested` is unknown or unavailable here.
 const CpuKernels* SelectCpuKernels(const char* requested, const char** error);
 

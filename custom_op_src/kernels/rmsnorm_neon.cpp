@@ -93,6 +93,6 @@ struct NeonLanes {
 
 }  // namespace
 
-extern const CpuKernels kNeonKernels = MakeCpuKernels<NeonLanes>("neon");
+extern const CpuKernels kNeonKernels = MakeCpuKernels<NeonLanes>(CpuIsa::kNeon);
 
 }  // namespace ort_rmsnorm

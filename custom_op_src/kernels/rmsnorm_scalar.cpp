@@ -49,6 +49,6 @@ struct ScalarLanes {
 
 }  // namespace
 
-extern const CpuKernels kScalarKernels = MakeCpuKernels<ScalarLanes>("scalar");
+extern const CpuKernels kScalarKernels = MakeCpuKernels<ScalarLanes>(CpuIsa::kScalar);
 
 }  // namespace ort_rmsnorm

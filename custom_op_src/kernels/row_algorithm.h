@@ -421,8 +421,8 @@ void Widen(const T* src, float* dst, int64_t n) {
 
 // The kernel table of one instruction set.
 template <class V>
-constexpr CpuKernels MakeCpuKernels(const char* isa) {
-  return CpuKernels{isa,
+constexpr CpuKernels MakeCpuKernels(CpuIsa isa) {
+  return CpuKernels{kCpuIsaNames[static_cast<int>(isa)],
                     &NormalizeRows<V, float>,
                     &NormalizeRows<V, Float16>,
                     &NormalizeRows<V, BFloat16>,

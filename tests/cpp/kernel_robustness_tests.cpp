@@ -149,8 +149,8 @@ Shape MakeInvalidScaleShape(const RandomCase& c, std::mt19937& rng) {
   return Shape(rank + 1, 1);  // rank above X's
 }
 
-// float64 reference on the N-d tensor: per row (the leading dims), mean of squares over the normalized dims; the
-// scale index of each element from its own multi-index and the right-aligned scale shape.
+// float64 reference on the N-d tensor (NormReference): per row (the leading dims), mean of squares over the
+// normalized dims; the scale index of each element from its own multi-index and the right-aligned scale shape.
 template <typename T>
 std::vector<double> NdReference(const RandomCase& c, const std::vector<T>& h, const std::vector<float>& scale) {
   // h: the normalized values (x, round_T(s), or the float32 sum s itself)
@@ -158,34 +158,20 @@ std::vector<double> NdReference(const RandomCase& c, const std::vector<T>& h, co
   const size_t axis = static_cast<size_t>(c.axis < 0 ? c.axis + static_cast<int64_t>(rank) : c.axis);
   int64_t row_size = 1;
   for (size_t d = axis; d < rank; ++d) row_size *= c.x_shape[d];
-  std::vector<double> y(h.size());
-  for (size_t row_start = 0; row_start < h.size(); row_start += static_cast<size_t>(row_size)) {
-    double sum_squares = 0.0;
-    for (int64_t i = 0; i < row_size; ++i) {
-      const double v = ToFloat(h[row_start + static_cast<size_t>(i)]);
-      sum_squares += v * v;
+  const auto gain = [&](int64_t i) {
+    if (!c.has_scale) return 1.0;
+    // Digits of i in the normalized dims, last dim first, matched to the scale's dims from the right.
+    int64_t rest = i, scale_index = 0, scale_stride = 1;
+    for (size_t k = 1; k <= c.scale_shape.size(); ++k) {
+      const int64_t digit = k <= rank - axis ? rest % c.x_shape[rank - k] : 0;
+      if (k <= rank - axis) rest /= c.x_shape[rank - k];
+      const int64_t scale_dim = c.scale_shape[c.scale_shape.size() - k];
+      if (scale_dim != 1) scale_index += digit * scale_stride;
+      scale_stride *= scale_dim;
     }
-    const double mean_square = sum_squares / static_cast<double>(row_size);
-    const double eps = c.epsilon;
-    const double denominator = c.eps_outside_sqrt ? std::sqrt(mean_square) + eps : std::sqrt(mean_square + eps);
-    for (int64_t i = 0; i < row_size; ++i) {
-      double gain = 1.0;
-      if (c.has_scale) {
-        // Digits of i in the normalized dims, last dim first, matched to the scale's dims from the right.
-        int64_t rest = i, scale_index = 0, scale_stride = 1;
-        for (size_t k = 1; k <= c.scale_shape.size(); ++k) {
-          const int64_t digit = k <= rank - axis ? rest % c.x_shape[rank - k] : 0;
-          if (k <= rank - axis) rest /= c.x_shape[rank - k];
-          const int64_t scale_dim = c.scale_shape[c.scale_shape.size() - k];
-          if (scale_dim != 1) scale_index += digit * scale_stride;
-          scale_stride *= scale_dim;
-        }
-        gain = scale[static_cast<size_t>(scale_index)];
-      }
-      y[row_start + static_cast<size_t>(i)] = ToFloat(h[row_start + static_cast<size_t>(i)]) / denominator * gain;
-    }
-  }
-  return y;
+    return static_cast<double>(scale[static_cast<size_t>(scale_index)]);
+  };
+  return NormReference(h, row_size, c.epsilon, c.eps_outside_sqrt, gain);
 }
 
 template <typename T>
@@ -254,16 +240,9 @@ void RunRandomCases(const std::vector<const CpuKernels*>& isas, const Options& o
         bias.push_back(ToFloat(b));
       }
     }
-    std::vector<T> h(count);
-    std::vector<float> s(count);
-    for (size_t k = 0; k < count; ++k) {
-      s[k] = ToFloat(x[k]);
-      if (c.skip) {
-        s[k] += ToFloat(skip[k]);
-        if (c.bias) s[k] += bias[k % static_cast<size_t>(geometry.cols)];
-      }
-      h[k] = c.skip ? FromFloat<T>(s[k]) : x[k];
-    }
+    std::vector<T> h = x;
+    std::vector<float> s;
+    if (c.skip) SkipSum(x, skip, bias, geometry.cols, &s, &h);
     const std::vector<double> reference =
         c.skip && c.float32_sum ? NdReference(c, s, scale) : NdReference(c, h, scale);
 

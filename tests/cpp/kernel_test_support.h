@@ -56,6 +56,45 @@ bool WithinTolerance(double got, double want) {
   return std::fabs(got - want) <= SmallestSubnormal<T>() + RelativeTolerance<T>() * std::fabs(want);
 }
 
+// SkipRMSNorm's sum as the contract forms it: s = (f32(x) + f32(skip)) + f32(bias) in float32, bias[i] for the
+// element i of each row of `cols` (no bias when empty); the `sum` output h = round_T(s), what the unfused graph's Add
+// produces. The norm then normalizes h, or s itself with normalize_float32_sum.
+template <typename T>
+void SkipSum(const std::vector<T>& x, const std::vector<T>& skip, const std::vector<float>& bias, int64_t cols,
+             std::vector<float>* s, std::vector<T>* h) {
+  s->resize(x.size());
+  h->resize(x.size());
+  for (size_t k = 0; k < x.size(); ++k) {
+    float value = ToFloat(x[k]);
+    value += ToFloat(skip[k]);
+    if (!bias.empty()) value += bias[k % static_cast<size_t>(cols)];
+    (*s)[k] = value;
+    (*h)[k] = FromFloat<T>(value);
+  }
+}
+
+// float64 reference of the norm: each row of `cols` values (T, or float32 sums) divided by its RMS,
+// sqrt(mean(v^2) + epsilon) or sqrt(mean(v^2)) + epsilon, times gain(i) for its element i.
+template <typename V, typename Gain>
+std::vector<double> NormReference(const std::vector<V>& values, int64_t cols, double epsilon, bool eps_outside_sqrt,
+                                  Gain gain) {
+  std::vector<double> y(values.size());
+  const auto row_size = static_cast<size_t>(cols);
+  for (size_t row = 0; row_size > 0 && row < values.size(); row += row_size) {
+    double sum_squares = 0.0;
+    for (size_t i = 0; i < row_size; ++i) {
+      const double v = ToFloat(values[row + i]);
+      sum_squares += v * v;
+    }
+    const double mean_square = sum_squares / static_cast<double>(cols);
+    const double rms = eps_outside_sqrt ? std::sqrt(mean_square) + epsilon : std::sqrt(mean_square + epsilon);
+    for (size_t i = 0; i < row_size; ++i) {
+      y[row + i] = static_cast<double>(ToFloat(values[row + i])) / rms * gain(static_cast<int64_t>(i));
+    }
+  }
+  return y;
+}
+
 // n elements of T at a 64-byte aligned address, as onnxruntime allocates tensors (streaming stores need it).
 template <typename T>
 class AlignedBuffer {

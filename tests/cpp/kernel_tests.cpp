@@ -46,36 +46,20 @@ std::string Describe(const char* isa, const char* type, const Case& c) {
   return text;
 }
 
-// float64 reference of the contract. SkipRMSNorm forms s = (f32(x) + f32(skip)) + f32(bias) in float32; the `sum`
-// output h is round_T(s) (what the unfused graph's Add produces), and the normalized value is h, or s itself with
-// normalize_float32_sum.
+// float64 reference of the contract (SkipSum, NormReference): y, and the `sum` output h.
 template <typename T>
 void Reference(const Case& c, const std::vector<T>& x, const std::vector<T>& skip, const std::vector<float>& scale,
                const std::vector<float>& bias, std::vector<double>* y, std::vector<T>* h) {
-  y->resize(x.size());
-  h->resize(x.size());
-  std::vector<double> normalized(static_cast<size_t>(c.cols));
-  for (int64_t r = 0; r < c.rows; ++r) {
-    double sum_squares = 0.0;
-    for (int64_t i = 0; i < c.cols; ++i) {
-      const size_t k = static_cast<size_t>(r * c.cols + i);
-      float s = ToFloat(x[k]);
-      if (c.skip) {
-        s += ToFloat(skip[k]);
-        if (c.bias) s += bias[static_cast<size_t>(i)];
-      }
-      (*h)[k] = c.skip ? FromFloat<T>(s) : x[k];
-      const double v = c.skip && c.float32_sum ? s : ToFloat((*h)[k]);
-      normalized[static_cast<size_t>(i)] = v;
-      sum_squares += v * v;
-    }
-    const double mean_square = sum_squares / static_cast<double>(c.cols);
-    const double rms_eps = c.eps_outside_sqrt ? std::sqrt(mean_square) + c.epsilon : std::sqrt(mean_square + c.epsilon);
-    for (int64_t i = 0; i < c.cols; ++i) {
-      const size_t k = static_cast<size_t>(r * c.cols + i);
-      (*y)[k] = normalized[static_cast<size_t>(i)] / rms_eps * (c.scale ? scale[static_cast<size_t>(i)] : 1.0);
-    }
+  const auto gain = [&](int64_t i) { return c.scale ? static_cast<double>(scale[static_cast<size_t>(i)]) : 1.0; };
+  if (!c.skip) {
+    *h = x;
+    *y = NormReference(x, c.cols, c.epsilon, c.eps_outside_sqrt, gain);
+    return;
   }
+  std::vector<float> s;
+  SkipSum(x, skip, c.bias ? bias : std::vector<float>{}, c.cols, &s, h);
+  *y = c.float32_sum ? NormReference(s, c.cols, c.epsilon, c.eps_outside_sqrt, gain)
+                     : NormReference(*h, c.cols, c.epsilon, c.eps_outside_sqrt, gain);
 }
 
 // Runs `kernels` on one case and compares with the reference (and, when given, with another ISA's output). Rows of
@@ -360,7 +344,7 @@ __attribute__((target("avx512f,avx512bf16"))) bool SquarePairsMatchDpbf16(const 
 
 void TestSquarePairs(const std::vector<const CpuKernels*>& isas) {
   bool has_bf16 = false;
-  for (const CpuKernels* kernels : isas) has_bf16 = has_bf16 || std::strcmp(kernels->isa, "avx512bf16") == 0;
+  for (const CpuKernels* kernels : isas) has_bf16 = has_bf16 || kernels == CpuKernelsFor(CpuIsa::kAvx512Bf16);
   if (!has_bf16) return;
   std::mt19937 rng(7);
   std::uniform_int_distribution<uint32_t> mantissa(0, (1u << 23) - 1);
