@@ -23,7 +23,10 @@ Modules, each importing only those above it in this list:
 - ``e2e_plan``: what the end-to-end runs measure, with their defaults
 - ``arguments``: the command line's options (no torch, no onnxscript)
 - ``e2e``: ``--e2e float``, a Llama-style model exported from torch in float32/float16
+- ``int4_tables``: the markdown of an int4 end-to-end run
 - ``e2e_int4``: ``--e2e int4``, int4 models of a transformers Llama with a KV cache
+- ``genai``: tiny onnxruntime-genai folders from random-weight Hugging Face models (benchmarks/genai_e2e.py, the
+  deployment tests)
 - ``command``: what ``ort-rmsnorm bench`` runs; ``__main__``: ``python -m ort_rmsnorm.bench``
 
 This package's ``__init__`` imports nothing, so that the command line can read the options without loading

@@ -133,10 +133,10 @@ def int4_plan_from_args(args: argparse.Namespace) -> e2e_plan.Int4Plan:
 
 
 def run_int4_e2e(args: argparse.Namespace) -> int:
-    from . import e2e_int4
+    from . import e2e_int4, int4_tables
 
     plan = int4_plan_from_args(args)
     machine = machine_info()
     report = {"machine": machine, **e2e_int4.run_int4(plan, workdir=args.e2e_keep)}
-    _write_e2e(Path(args.out), "e2e-int4", report, e2e_int4.markdown(report))
+    _write_e2e(Path(args.out), "e2e-int4", report, int4_tables.markdown(report))
     return 0
