@@ -9,7 +9,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto
 
-from op_models import norm_model
+from op_models import RUNS_EMPTY_MIDDLE_INPUTS, norm_model
 from ort_rmsnorm.runtime import make_session, run
 from reference import assert_matches_reference, random_array, rmsnorm
 
@@ -59,6 +59,8 @@ def test_empty_x_with_huge_dims_and_a_broadcast_scale(x_shape, constant):
     assert [value.shape() for value in outputs] == [list(x_shape)]
 
 
+@pytest.mark.skipif(not RUNS_EMPTY_MIDDLE_INPUTS,
+                    reason="onnxruntime 1.20-1.23 crash on an empty-named scale before a bias (1.24 does not)")
 def test_empty_skiprmsnorm_with_huge_dims_and_a_broadcast_bias():
     model = norm_model(np.float32, skip=True, sum_output=True, x_shape=None, constant_bias=np.ones(1, np.float32),
                        attributes={"axis": -2})

@@ -44,8 +44,10 @@ def _onnxruntime_session(model):
     options.intra_op_num_threads = 1
     try:
         return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    except Exception as error:  # an older onnxruntime without this type's CPU kernel
-        if "NOT_IMPLEMENTED" in str(error) or "Could not find an implementation" in str(error):
+    except Exception as error:  # an older onnxruntime without this type's CPU kernel, or (1.20) in its schema
+        text = str(error)
+        if "NOT_IMPLEMENTED" in text or "Could not find an implementation" in text or (
+                "INVALID_GRAPH" in text and "Type 'tensor(bfloat16)'" in text):
             pytest.skip(f"onnxruntime {ort.__version__} has no CPU SkipSimplifiedLayerNormalization for this type")
         raise
 
