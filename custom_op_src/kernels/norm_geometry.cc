@@ -4,7 +4,15 @@
 
 namespace ort_rmsnorm {
 
-std::string ShapeToString(const Shape& shape) {
+bool operator==(ShapeView a, ShapeView b) { return std::equal(a.begin(), a.end(), b.begin(), b.end()); }
+
+int64_t ElementCount(ShapeView shape) {
+  int64_t count = 1;
+  for (int64_t dim : shape) count *= dim;
+  return count;
+}
+
+std::string ShapeToString(ShapeView shape) {
   std::string text = "[";
   for (size_t i = 0; i < shape.size(); ++i) {
     if (i) text += ", ";
@@ -17,7 +25,7 @@ namespace {
 
 // The product of dims [begin, end) of `shape`: 0 when one of them is 0, else -1 when one is not known statically
 // (negative), else their product, or -1 with *overflow set when that exceeds int64.
-int64_t DimProduct(const Shape& shape, size_t begin, size_t end, bool* overflow) {
+int64_t DimProduct(ShapeView shape, size_t begin, size_t end, bool* overflow) {
   int64_t product = 1;
   bool unknown = false;
   for (size_t i = begin; i < end; ++i) {
@@ -36,7 +44,7 @@ int64_t DimProduct(const Shape& shape, size_t begin, size_t end, bool* overflow)
 
 }  // namespace
 
-std::string ResolveGeometry(const Shape& x_shape, int64_t axis, NormGeometry* geometry) {
+std::string ResolveGeometry(ShapeView x_shape, int64_t axis, NormGeometry* geometry) {
   const int64_t rank = static_cast<int64_t>(x_shape.size());
   if (rank == 0) return "X is a scalar; it needs at least one dim to normalize";
   if (axis < -rank || axis >= rank) {
@@ -44,7 +52,6 @@ std::string ResolveGeometry(const Shape& x_shape, int64_t axis, NormGeometry* ge
            " (valid: " + std::to_string(-rank) + " to " + std::to_string(rank - 1) + ")";
   }
   geometry->axis = static_cast<size_t>(axis < 0 ? axis + rank : axis);
-  geometry->normalized_shape.assign(x_shape.begin() + static_cast<std::ptrdiff_t>(geometry->axis), x_shape.end());
   bool overflow = false;
   geometry->rows = DimProduct(x_shape, 0, geometry->axis, &overflow);
   geometry->cols = DimProduct(x_shape, geometry->axis, x_shape.size(), &overflow);
@@ -62,9 +69,9 @@ std::string ResolveGeometry(const Shape& x_shape, int64_t axis, NormGeometry* ge
   return "";
 }
 
-std::string CheckScaleShape(const Shape& scale_shape, const Shape& x_shape, const NormGeometry& geometry,
+std::string CheckScaleShape(ShapeView scale_shape, ShapeView x_shape, const NormGeometry& geometry,
                             ScaleLayout* layout, const char* name) {
-  const Shape& normalized = geometry.normalized_shape;
+  const ShapeView normalized = geometry.Normalized(x_shape);
   bool valid = scale_shape.size() <= x_shape.size();
   bool per_element = true;
   for (size_t k = 1; valid && k <= scale_shape.size(); ++k) {  // k-th dim from the right
@@ -91,7 +98,7 @@ std::string CheckScaleShape(const Shape& scale_shape, const Shape& x_shape, cons
   return "";
 }
 
-bool MakeScaleBroadcast(const Shape& scale_shape, const Shape& normalized_shape, ScaleBroadcast* broadcast) {
+bool MakeScaleBroadcast(ShapeView scale_shape, ShapeView normalized_shape, ScaleBroadcast* broadcast) {
   *broadcast = ScaleBroadcast{};
   const size_t scale_rank = scale_shape.size(), normalized_rank = normalized_shape.size();
   int64_t scale_stride = 1;

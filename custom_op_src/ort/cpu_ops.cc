@@ -45,14 +45,23 @@ void ParallelRows(const Ort::KernelContext& context, int64_t rows, int64_t bytes
       static_cast<size_t>(tasks), 0, &job);
 }
 
-// A constant per-column input (the scale, or SkipRMSNorm's bias) converted to float32 with its own shape; when X's
-// normalized dims are static and it needs broadcasting, also expanded once per element for them (else broadcast per
-// call: X's shape can be dynamic).
+// A constant per-column input (the scale, or SkipRMSNorm's bias) converted to float32 with its own shape. When X's
+// declared normalized dims are static, its shape is checked against them once, at kernel creation, and a broadcast
+// is expanded once per element; a call whose X has those dims (and X's declared rank) then reuses both, others
+// check and broadcast per call (X's shape can be dynamic).
 struct HostColumns {
   Shape shape;
   std::vector<float> values;
-  std::vector<float> expanded;
-  Shape expanded_for;  // the normalized shape `expanded` was made for
+  Shape checked_for;            // the normalized dims the shape was checked against (empty: none)
+  size_t checked_x_rank = 0;    // and X's rank then (the scale's rank may not exceed it)
+  ScaleLayout layout = ScaleLayout::kPerElement;
+  std::vector<float> expanded;  // for kBroadcast within ExpandAtCreation's limit
+
+  bool CheckedFor(const NormCall& call) const {
+    const ShapeView x_shape = call.x_shape();
+    return !checked_for.empty() && checked_x_rank == x_shape.size() &&
+           ShapeView(checked_for) == call.geometry.Normalized(x_shape);
+  }
 };
 
 // `count` values as float32 (exact): 16-bit ones widened by the dispatched vector kernels.
@@ -67,7 +76,8 @@ void ToFloat32(const CpuKernels& kernels, const E* data, size_t count, float* ou
 
 template <typename E>
 HostColumns ToHostColumns(const CpuKernels& kernels, const Ort::ConstValue& tensor) {
-  HostColumns host{ShapeOf(tensor), {}, {}, {}};
+  HostColumns host;
+  host.shape = ShapeOf(tensor);
   host.values.resize(tensor.GetTensorTypeAndShapeInfo().GetElementCount());
   ToFloat32(kernels, static_cast<const E*>(tensor.GetTensorRawData()), host.values.size(), host.values.data());
   return host;
@@ -118,29 +128,31 @@ class CpuNormKernel {
     HostColumns host = ToHostColumns<E>(kernels_, tensor);
     if (!x || !x->normalized_dims_known) return host;
     const NormGeometry& geometry = x->geometry;
-    if (attributes_.ScaleLayoutFor(host.shape, x->x_shape, geometry, input.name) == ScaleLayout::kBroadcast &&
-        ExpandAtCreation(geometry)) {
+    host.layout = attributes_.ScaleLayoutFor(host.shape, x->x_shape, geometry, input.name);
+    if (geometry.cols <= 0) return host;  // empty: nothing to reuse
+    if (host.layout == ScaleLayout::kBroadcast) {
+      if (!ExpandAtCreation(geometry)) return host;
       const int64_t cols = geometry.cols;
       host.expanded.resize(static_cast<size_t>(cols));
-      ExpandScale(host.values.data(), attributes_.BroadcastFor(host.shape, geometry, input.name), cols,
+      ExpandScale(host.values.data(), attributes_.BroadcastFor(host.shape, x->x_shape, geometry, input.name), cols,
                   host.expanded.data());
-      host.expanded_for = geometry.normalized_shape;
     }
+    host.checked_for = geometry.Normalized(x->x_shape).ToShape();
+    host.checked_x_rank = x->x_shape.size();
     return host;
   }
 
   // `cols` float32 values of `values` (of `shape`) laid out over a row: used in place when already per element,
   // else broadcast into a per-thread buffer.
-  const float* LayOut(const float* values, const Shape& shape, const NormCall& call, const char* name,
-                      int slot) const {
+  const float* LayOut(const float* values, ShapeView shape, const NormCall& call, const char* name, int slot) const {
     const NormGeometry& geometry = call.geometry;
     // An empty X reads no column (and its normalized dims may multiply past int64).
-    if (attributes_.ScaleLayoutFor(shape, call.x_shape, geometry, name) == ScaleLayout::kPerElement ||
+    if (attributes_.ScaleLayoutFor(shape, call.x_shape(), geometry, name) == ScaleLayout::kPerElement ||
         geometry.cols == 0) {
       return values;
     }
     float* expanded = ThreadFloats(slot, static_cast<size_t>(geometry.cols));
-    ExpandScale(values, attributes_.BroadcastFor(shape, geometry, name), geometry.cols, expanded);
+    ExpandScale(values, attributes_.BroadcastFor(shape, call.x_shape(), geometry, name), geometry.cols, expanded);
     return expanded;
   }
 
@@ -149,21 +161,21 @@ class CpuNormKernel {
   const float* ColumnsForCall(const Ort::KernelContext& context, const NormCall& call, const ColumnInput<E>& input,
                               const std::optional<HostColumns>& constant) const {
     if (constant) {
-      if (constant->expanded_for == call.geometry.normalized_shape && !constant->expanded.empty()) {
-        attributes_.ScaleLayoutFor(constant->shape, call.x_shape, call.geometry, input.name);  // the checks, always
-        return constant->expanded.data();
+      if (constant->CheckedFor(call)) {
+        return constant->layout == ScaleLayout::kPerElement ? constant->values.data() : constant->expanded.data();
       }
       return LayOut(constant->values.data(), constant->shape, call, input.name, input.first_slot);
     }
     if (context.GetInputCount() <= input.index) return nullptr;
     const Ort::ConstValue tensor = context.GetInput(input.index);
     if (!tensor) return nullptr;
-    const Shape shape = ShapeOf(tensor);
+    const TensorDims dims(tensor);
+    const ShapeView shape = dims.View();
     const E* data = static_cast<const E*>(tensor.GetTensorRawData());
     if constexpr (std::is_same_v<E, float>) {
       return LayOut(data, shape, call, input.name, input.first_slot);
     } else {
-      const size_t count = tensor.GetTensorTypeAndShapeInfo().GetElementCount();
+      const auto count = static_cast<size_t>(ElementCount(shape));
       float* converted = ThreadFloats(input.first_slot, count);
       ToFloat32(kernels_, data, count, converted);
       return LayOut(converted, shape, call, input.name, input.first_slot + 1);
@@ -174,7 +186,7 @@ class CpuNormKernel {
     const NormCall call = BindCall<K>(context, attributes_);
     const NormGeometry& geometry = call.geometry;
     RowBatch<T> batch;
-    batch.x = static_cast<const T*>(call.x.GetTensorRawData());
+    batch.x = static_cast<const T*>(call.x_data);
     batch.skip = static_cast<const T*>(call.skip);
     batch.sum = static_cast<T*>(call.sum);
     batch.y = static_cast<T*>(call.y);

@@ -140,7 +140,10 @@ class CudaNormKernel {
   // the call's input; data is nullptr when the node has none.
   struct Columns {
     const void* data = nullptr;
-    Shape shape;
+    const Shape* constant_shape = nullptr;  // the constant's, else `dims`
+    TensorDims dims;
+
+    ShapeView shape() const { return constant_shape ? ShapeView(*constant_shape) : dims.View(); }
   };
 
   template <typename E>
@@ -163,7 +166,7 @@ class CudaNormKernel {
   // Whether the kernels need a per-column input expanded to float32 per element: a scale that broadcasts other than
   // as one value (they read a scale per element or as one value, in S or float32); a bias unless it is float32 per
   // element already (they read the bias as float32 per element).
-  static bool NeedsExpansion(ScaleLayout layout, const Shape& shape, cuda::ElementType type, bool to_float32) {
+  static bool NeedsExpansion(ScaleLayout layout, ShapeView shape, cuda::ElementType type, bool to_float32) {
     if (to_float32) return layout != ScaleLayout::kPerElement || type != cuda::ElementType::kFloat32;
     return layout == ScaleLayout::kBroadcast && ElementCount(shape) != 1;
   }
@@ -180,21 +183,28 @@ class CudaNormKernel {
     auto expanded = std::make_unique<DeviceBuffer>(allocator_.get(), static_cast<size_t>(cols) * sizeof(float));
     const std::string what = std::string("expanding the constant ") + name;
     CheckCuda(cuda::LaunchExpandScale(constant->values->data(), type,
-                                      attributes_.BroadcastFor(constant->shape, x->geometry, name), cols,
+                                      attributes_.BroadcastFor(constant->shape, x->x_shape, x->geometry, name), cols,
                                       static_cast<float*>(expanded->data()), nullptr),
               attributes_, what);
     CheckCuda(cudaStreamSynchronize(nullptr), attributes_, what);
     constant->expanded = std::move(expanded);
-    constant->expanded_for = x->geometry.normalized_shape;
+    constant->expanded_for = x->geometry.Normalized(x->x_shape).ToShape();
   }
 
   static Columns ColumnsOf(const Ort::KernelContext& context, size_t index,
                            const std::optional<ConstantColumns>& constant) {
-    if (constant) return {constant->values->data(), constant->shape};
-    if (context.GetInputCount() <= index) return {};
+    Columns columns;
+    if (constant) {
+      columns.data = constant->values->data();
+      columns.constant_shape = &constant->shape;
+      return columns;
+    }
+    if (context.GetInputCount() <= index) return columns;
     const Ort::ConstValue tensor = context.GetInput(index);
-    if (!tensor) return {};
-    return {tensor.GetTensorRawData(), ShapeOf(tensor)};
+    if (!tensor) return columns;
+    columns.data = tensor.GetTensorRawData();
+    columns.dims = TensorDims(tensor);
+    return columns;
   }
 
   // `columns` expanded to float32 per element: the constant's expansion when it was made for these normalized dims,
@@ -203,12 +213,13 @@ class CudaNormKernel {
                         const std::optional<ConstantColumns>& constant, cuda::ElementType type, const char* name,
                         cudaStream_t stream, ScratchBuffer& scratch) const {
     const NormGeometry& geometry = call.geometry;
-    if (constant && constant->expanded && constant->expanded_for == geometry.normalized_shape) {
+    if (constant && constant->expanded && ShapeView(constant->expanded_for) == geometry.Normalized(call.x_shape())) {
       return static_cast<const float*>(constant->expanded->data());
     }
     float* expanded = static_cast<float*>(
         scratch.Get(context, call.x.GetTensorMemoryInfo(), static_cast<size_t>(geometry.cols) * sizeof(float)));
-    CheckCuda(cuda::LaunchExpandScale(columns.data, type, attributes_.BroadcastFor(columns.shape, geometry, name),
+    CheckCuda(cuda::LaunchExpandScale(columns.data, type,
+                                      attributes_.BroadcastFor(columns.shape(), call.x_shape(), geometry, name),
                                       geometry.cols, expanded, stream),
               attributes_, std::string("launching the ") + name + " expansion");
     return expanded;
@@ -220,11 +231,11 @@ class CudaNormKernel {
                 cuda::NormArgs& args) const {
     const Columns scale = ColumnsOf(context, Sig::kScale, constant_scale_);
     if (!scale.data) return;
-    const ScaleLayout layout = attributes_.ScaleLayoutFor(scale.shape, call.x_shape, call.geometry);
+    const ScaleLayout layout = attributes_.ScaleLayoutFor(scale.shape(), call.x_shape(), call.geometry);
     args.scale = scale.data;
     args.scale_type = kCudaType<S>;
     args.scale_per_element = layout == ScaleLayout::kPerElement;
-    if (!NeedsExpansion(layout, scale.shape, kCudaType<S>, false)) return;
+    if (!NeedsExpansion(layout, scale.shape(), kCudaType<S>, false)) return;
     args.scale_type = cuda::ElementType::kFloat32;
     args.scale_per_element = true;
     args.scale = Expanded(context, call, scale, constant_scale_, kCudaType<S>, "scale", stream, scratch);
@@ -235,8 +246,8 @@ class CudaNormKernel {
                cuda::NormArgs& args) const {
     const Columns bias = ColumnsOf(context, Sig::kBias, constant_bias_);
     if (!bias.data) return;
-    const ScaleLayout layout = attributes_.ScaleLayoutFor(bias.shape, call.x_shape, call.geometry, "bias");
-    if (!NeedsExpansion(layout, bias.shape, kCudaType<T>, true)) {
+    const ScaleLayout layout = attributes_.ScaleLayoutFor(bias.shape(), call.x_shape(), call.geometry, "bias");
+    if (!NeedsExpansion(layout, bias.shape(), kCudaType<T>, true)) {
       args.bias = static_cast<const float*>(bias.data);
       return;
     }
@@ -247,7 +258,7 @@ class CudaNormKernel {
     const NormCall call = BindCall<K>(context, attributes_);
     cuda::NormArgs args;
     args.type = kCudaType<T>;
-    args.x = call.x.GetTensorRawData();
+    args.x = call.x_data;
     args.skip = call.skip;
     args.y = call.y;
     args.sum = call.sum;

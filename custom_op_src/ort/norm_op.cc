@@ -94,31 +94,32 @@ void NormAttributes::Fail(const std::string& problem, OrtErrorCode code) const {
   throw Ort::Exception(op_name + " node " + node + ": " + problem, code);
 }
 
-NormGeometry NormAttributes::Geometry(const Shape& x_shape) const {
+NormGeometry NormAttributes::Geometry(ShapeView x_shape) const {
   NormGeometry geometry;
   if (std::string error = ResolveGeometry(x_shape, axis, &geometry); !error.empty()) Fail(error);
   return geometry;
 }
 
-ScaleLayout NormAttributes::ScaleLayoutFor(const Shape& shape, const Shape& x_shape, const NormGeometry& geometry,
+ScaleLayout NormAttributes::ScaleLayoutFor(ShapeView shape, ShapeView x_shape, const NormGeometry& geometry,
                                            const char* name) const {
   ScaleLayout layout;
   if (std::string error = CheckScaleShape(shape, x_shape, geometry, &layout, name); !error.empty()) Fail(error);
   return layout;
 }
 
-ScaleBroadcast NormAttributes::BroadcastFor(const Shape& shape, const NormGeometry& geometry, const char* name) const {
+ScaleBroadcast NormAttributes::BroadcastFor(ShapeView shape, ShapeView x_shape, const NormGeometry& geometry,
+                                            const char* name) const {
   ScaleBroadcast broadcast;
-  if (!MakeScaleBroadcast(shape, geometry.normalized_shape, &broadcast)) {
+  if (!MakeScaleBroadcast(shape, geometry.Normalized(x_shape), &broadcast)) {
     Fail(std::string(name) + " of shape " + ShapeToString(shape) + " broadcasts over the normalized dims " +
-             ShapeToString(geometry.normalized_shape) + " in a pattern of more than " +
+             ShapeToString(geometry.Normalized(x_shape)) + " in a pattern of more than " +
              std::to_string(kMaxScaleDims) + " alternating dims, which is not supported",
          ORT_NOT_IMPLEMENTED);
   }
   return broadcast;
 }
 
-void NormAttributes::CheckSkipShape(const Shape& skip_shape, const Shape& x_shape) const {
+void NormAttributes::CheckSkipShape(ShapeView skip_shape, ShapeView x_shape) const {
   if (skip_shape != x_shape) {
     Fail("skip of shape " + ShapeToString(skip_shape) + " must have the shape of X " + ShapeToString(x_shape));
   }
@@ -130,11 +131,25 @@ std::optional<StaticInput> NormAttributes::CheckStaticInput(const Ort::ConstKern
   Shape x_shape = x_type.GetTensorTypeAndShapeInfo().GetShape();
   if (x_shape.empty()) return std::nullopt;  // unknown rank (or a scalar, which fails at run time with its shape)
   NormGeometry geometry = Geometry(x_shape);
-  const bool known = std::none_of(geometry.normalized_shape.begin(), geometry.normalized_shape.end(),
-                                  [](int64_t d) { return d < 0; });
+  const ShapeView normalized = geometry.Normalized(x_shape);
+  const bool known = std::none_of(normalized.begin(), normalized.end(), [](int64_t d) { return d < 0; });
   return StaticInput{std::move(x_shape), std::move(geometry), known};
 }
 
 Shape ShapeOf(const Ort::ConstValue& value) { return value.GetTensorTypeAndShapeInfo().GetShape(); }
+
+TensorDims::TensorDims(const OrtValue* value) {
+  const OrtApi& api = Ort::GetApi();
+  OrtTensorTypeAndShapeInfo* raw = nullptr;
+  Ort::ThrowOnError(api.GetTensorTypeAndShape(value, &raw));
+  const Ort::TensorTypeAndShapeInfo info(raw);  // released on every path
+  Ort::ThrowOnError(api.GetDimensionsCount(raw, &rank_));
+  int64_t* dims = inline_;
+  if (rank_ > kInlineRank) {
+    heap_.resize(rank_);
+    dims = heap_.data();
+  }
+  Ort::ThrowOnError(api.GetDimensions(raw, dims, rank_));
+}
 
 }  // namespace ort_rmsnorm

@@ -35,6 +35,22 @@ struct NormSignature {
 
 Shape ShapeOf(const Ort::ConstValue& value);
 
+// A tensor's dims read through the C API into storage of its own: no allocation of ours per call up to
+// kInlineRank dims (onnxruntime still allocates the type-and-shape object it hands out for each query).
+class TensorDims {
+ public:
+  TensorDims() = default;
+  explicit TensorDims(const OrtValue* value);
+
+  ShapeView View() const { return {rank_ <= kInlineRank ? inline_ : heap_.data(), rank_}; }
+
+ private:
+  static constexpr size_t kInlineRank = 8;
+  int64_t inline_[kInlineRank] = {};
+  std::vector<int64_t> heap_;  // ranks above kInlineRank
+  size_t rank_ = 0;
+};
+
 // X's shape as the model declares it (dims may be -1: dynamic), when its rank is known.
 struct StaticInput {
   Shape x_shape;
@@ -64,12 +80,13 @@ struct NormAttributes {
 
   [[noreturn]] void Fail(const std::string& problem, OrtErrorCode code = ORT_INVALID_ARGUMENT) const;
 
-  NormGeometry Geometry(const Shape& x_shape) const;
+  NormGeometry Geometry(ShapeView x_shape) const;
   // The layout of a per-column input (`name`: "scale", or SkipRMSNorm's "bias") over a row.
-  ScaleLayout ScaleLayoutFor(const Shape& shape, const Shape& x_shape, const NormGeometry& geometry,
+  ScaleLayout ScaleLayoutFor(ShapeView shape, ShapeView x_shape, const NormGeometry& geometry,
                              const char* name = "scale") const;
-  ScaleBroadcast BroadcastFor(const Shape& shape, const NormGeometry& geometry, const char* name = "scale") const;
-  void CheckSkipShape(const Shape& skip_shape, const Shape& x_shape) const;
+  ScaleBroadcast BroadcastFor(ShapeView shape, ShapeView x_shape, const NormGeometry& geometry,
+                              const char* name = "scale") const;
+  void CheckSkipShape(ShapeView skip_shape, ShapeView x_shape) const;
 
   // The static X of the node with its axis checked, or nullopt when the rank is unknown: problems visible in the
   // model's static shapes are reported at session creation rather than at the first run.
@@ -90,31 +107,39 @@ OrtStatusPtr StatusFrom(Fn&& fn) noexcept {
 }
 
 // The tensors of one call with the contract's shape checks done: X with its shape and geometry, skip, and the
-// outputs Y and sum (skip null for RMSNorm, sum null when the op or the graph has none).
+// outputs Y and sum (skip null for RMSNorm, sum null when the op or the graph has none). Binding a call allocates
+// nothing of ours: per call, only onnxruntime's own work remains (a type-and-shape query per tensor input whose
+// shape matters, and the outputs).
 struct NormCall {
-  Ort::ConstValue x;
-  Shape x_shape;
+  Ort::ConstValue x{nullptr};
+  TensorDims x_dims;
   NormGeometry geometry;
+  const void* x_data = nullptr;
   const void* skip = nullptr;
   void* y = nullptr;
   void* sum = nullptr;
+
+  ShapeView x_shape() const { return x_dims.View(); }
 };
 
 template <NormKind K>
 NormCall BindCall(const Ort::KernelContext& context, const NormAttributes& attributes) {
   using Sig = NormSignature<K>;
-  NormCall call{context.GetInput(Sig::kX)};
-  call.x_shape = ShapeOf(call.x);
-  call.geometry = attributes.Geometry(call.x_shape);
+  NormCall call;
+  call.x = context.GetInput(Sig::kX);
+  call.x_dims = TensorDims(call.x);
+  const ShapeView x_shape = call.x_shape();
+  call.geometry = attributes.Geometry(x_shape);
+  call.x_data = call.x.GetTensorRawData();
   if constexpr (Sig::kSkip) {
     const Ort::ConstValue skip = context.GetInput(Sig::kSkipInput);
-    attributes.CheckSkipShape(ShapeOf(skip), call.x_shape);
+    attributes.CheckSkipShape(TensorDims(skip).View(), x_shape);
     call.skip = skip.GetTensorRawData();
   }
-  call.y = context.GetOutput(Sig::kY, call.x_shape).GetTensorMutableRawData();
+  call.y = context.GetOutput(Sig::kY, x_shape.data(), x_shape.size()).GetTensorMutableRawData();
   if constexpr (Sig::kSkip) {
     if (context.GetOutputCount() > Sig::kSum) {
-      if (Ort::UnownedValue sum = context.GetOutput(Sig::kSum, call.x_shape)) {
+      if (Ort::UnownedValue sum = context.GetOutput(Sig::kSum, x_shape.data(), x_shape.size())) {
         call.sum = sum.GetTensorMutableRawData();
       }
     }

@@ -223,7 +223,7 @@ void RunRandomCases(const std::vector<const CpuKernels*>& isas, const Options& o
         row_scale = scale.data();
       } else {
         ScaleBroadcast broadcast;
-        if (!MakeScaleBroadcast(c.scale_shape, geometry.normalized_shape, &broadcast)) {
+        if (!MakeScaleBroadcast(c.scale_shape, geometry.Normalized(c.x_shape), &broadcast)) {
           Expect(false, "no broadcast for a scale of at most 4 dims: " + Describe(c));
           continue;
         }

@@ -405,33 +405,33 @@ void TestConversions() {
 
 void TestGeometry() {
   NormGeometry g;
-  Expect(ResolveGeometry({2, 3, 4}, -2, &g).empty() && g.rows == 2 && g.cols == 12 && g.axis == 1, "axis -2");
-  Expect(!ResolveGeometry({2, 3, 4}, 3, &g).empty(), "axis 3 out of range");
-  Expect(!ResolveGeometry({2, 3, 4}, -4, &g).empty(), "axis -4 out of range");
-  ResolveGeometry({2, 3, 4}, -2, &g);
+  Expect(ResolveGeometry(Shape{2, 3, 4}, -2, &g).empty() && g.rows == 2 && g.cols == 12 && g.axis == 1, "axis -2");
+  Expect(!ResolveGeometry(Shape{2, 3, 4}, 3, &g).empty(), "axis 3 out of range");
+  Expect(!ResolveGeometry(Shape{2, 3, 4}, -4, &g).empty(), "axis -4 out of range");
+  ResolveGeometry(Shape{2, 3, 4}, -2, &g);
   ScaleLayout layout;
-  Expect(CheckScaleShape({3, 4}, {2, 3, 4}, g, &layout).empty() && layout == ScaleLayout::kPerElement, "[3,4]");
-  Expect(CheckScaleShape({1, 1, 3, 4}, {2, 3, 4}, g, &layout).size() > 0, "scale rank above X rank");
-  Expect(CheckScaleShape({1, 3, 4}, {2, 3, 4}, g, &layout).empty() && layout == ScaleLayout::kPerElement, "[1,3,4]");
-  Expect(CheckScaleShape({4}, {2, 3, 4}, g, &layout).empty() && layout == ScaleLayout::kBroadcast, "[4]");
-  Expect(CheckScaleShape({3, 1}, {2, 3, 4}, g, &layout).empty() && layout == ScaleLayout::kBroadcast, "[3,1]");
-  Expect(!CheckScaleShape({2, 3, 4}, {2, 3, 4}, g, &layout).empty(), "scale varying along rows");
-  Expect(!CheckScaleShape({5}, {2, 3, 4}, g, &layout).empty(), "scale [5]");
+  Expect(CheckScaleShape(Shape{3, 4}, Shape{2, 3, 4}, g, &layout).empty() && layout == ScaleLayout::kPerElement, "[3,4]");
+  Expect(CheckScaleShape(Shape{1, 1, 3, 4}, Shape{2, 3, 4}, g, &layout).size() > 0, "scale rank above X rank");
+  Expect(CheckScaleShape(Shape{1, 3, 4}, Shape{2, 3, 4}, g, &layout).empty() && layout == ScaleLayout::kPerElement, "[1,3,4]");
+  Expect(CheckScaleShape(Shape{4}, Shape{2, 3, 4}, g, &layout).empty() && layout == ScaleLayout::kBroadcast, "[4]");
+  Expect(CheckScaleShape(Shape{3, 1}, Shape{2, 3, 4}, g, &layout).empty() && layout == ScaleLayout::kBroadcast, "[3,1]");
+  Expect(!CheckScaleShape(Shape{2, 3, 4}, Shape{2, 3, 4}, g, &layout).empty(), "scale varying along rows");
+  Expect(!CheckScaleShape(Shape{5}, Shape{2, 3, 4}, g, &layout).empty(), "scale [5]");
   std::vector<float> out(12);
   ScaleBroadcast broadcast;
   const float column[3] = {1, 2, 3};
-  Expect(MakeScaleBroadcast({3, 1}, g.normalized_shape, &broadcast), "broadcast [3,1]");
+  Expect(MakeScaleBroadcast(Shape{3, 1}, g.Normalized(Shape{2, 3, 4}), &broadcast), "broadcast [3,1]");
   ExpandScale(column, broadcast, g.cols, out.data());
   Expect(out[0] == 1 && out[3] == 1 && out[4] == 2 && out[11] == 3, "expand [3,1] over [3,4]");
   const float row[4] = {5, 6, 7, 8};
-  Expect(MakeScaleBroadcast({4}, g.normalized_shape, &broadcast) && broadcast.rank == 2, "broadcast [4]");
+  Expect(MakeScaleBroadcast(Shape{4}, g.Normalized(Shape{2, 3, 4}), &broadcast) && broadcast.rank == 2, "broadcast [4]");
   ExpandScale(row, broadcast, g.cols, out.data());
   Expect(out[0] == 5 && out[3] == 8 && out[4] == 5 && out[11] == 8, "expand [4] over [3,4]");
   // Alternating broadcast dims beyond kMaxScaleDims are refused rather than mis-indexed.
   Shape normalized(2 * kMaxScaleDims + 2, 2), alternating(2 * kMaxScaleDims + 2);
   for (size_t i = 0; i < alternating.size(); ++i) alternating[i] = i % 2 ? 2 : 1;
   Expect(!MakeScaleBroadcast(alternating, normalized, &broadcast), "too many alternating dims");
-  Expect(MakeScaleBroadcast({1, 1, 4}, {2, 3, 4}, &broadcast) && broadcast.rank == 2, "merged leading repeats");
+  Expect(MakeScaleBroadcast(Shape{1, 1, 4}, Shape{2, 3, 4}, &broadcast) && broadcast.rank == 2, "merged leading repeats");
 }
 
 // The prefetch order (prefetch_order.h) only moves time, never results, so its own properties are checked here: each
