@@ -251,6 +251,16 @@ double SumSquares(const Row row, int64_t n, const Alongside alongside) {
   return total;
 }
 
+// Whether the row loops keep their operands in registers (a local copy that no store can change) or read them
+// through a reference after every store. Registers made rows in cache up to 40% faster, and streamed 16-bit rows
+// faster too; but float32 rows written with streaming stores, which are bound by memory, became 10-25% slower on a
+// Zen 4 core (AVX2 and AVX-512, old and new kernels alternated in one process; the cause was not found without
+// hardware counters), so those keep the reloads (docs/benchmarks.md, "What limits the kernels").
+template <bool kStreaming, typename T>
+constexpr bool RegistersPay() {
+  return !(kStreaming && std::is_same_v<T, float>);
+}
+
 // Prefetches the lines of one step of SumSquares' loop (four vectors, kStep elements) of `row` per call, step s of
 // the loop taking step order.StepAt(s) of the row: what a row loop does for the row it sums next.
 template <class V, typename T, class Row>
@@ -297,9 +307,10 @@ struct RowScaler {
     }
   }
   // Elements [begin, n), begin a multiple of kStep. Works on a local copy, for the reason SumSquares takes
-  // `alongside` by value.
+  // `alongside` by value, except where that was measured slower (RegistersPay).
   void Rest(int64_t begin, int64_t n) const {
-    const RowScaler self = *this;
+    using Self = std::conditional_t<RegistersPay<kStreaming, T>(), const RowScaler, const RowScaler&>;
+    Self self = *this;
     int64_t i = begin;
     for (; i + kStep <= n; i += kStep) self.Step(i);
     for (; i + W <= n; i += W) StoreVector<V, kStreaming>(self.y + i, self.At(i));
@@ -360,7 +371,15 @@ void NormalizeRowRange(const RowBatch<T>& batch, int64_t begin, int64_t end, boo
     if (pipelined) {
       // Row r + 1 is summed here, so row r + 2 is prefetched.
       const RowScaler<V, kStreaming, decltype(row), T, Ahead> scaler{row, y, V::Set1(factor), batch.scale, ahead(r + 2)};
-      const auto step = [scaler](int64_t i) { scaler.Step(i); };  // a copy, see SumSquares
+      const auto by_copy = [scaler](int64_t i) { scaler.Step(i); };  // see SumSquares and RegistersPay
+      const auto by_reference = [&scaler](int64_t i) { scaler.Step(i); };
+      const auto step = [&] {
+        if constexpr (RegistersPay<kStreaming, T>()) {
+          return by_copy;
+        } else {
+          return by_reference;
+        }
+      }();
       // With the next row prefetched in parts, bfloat16 sums with vdpbf16ps made one Zen 4 core 10-35% slower than
       // the same sums in FMAs, whose bits are the instruction's (SquarePairs); elsewhere vdpbf16ps is faster.
       sum_squares = order.InParts() ? SumSquares<V, false>(stat(r + 1), n, step) : SumSquares<V>(stat(r + 1), n, step);
