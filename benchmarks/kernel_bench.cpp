@@ -24,6 +24,7 @@
 #include <vector>
 
 #if defined(__x86_64__) || defined(_M_X64)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -133,6 +134,33 @@ double Seconds(int threads) {
   timespec now;
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
   return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
+}
+
+// The CPU as cpuid names it (vendor, family, model, stepping, brand), for the head of the results: which kernels win
+// depends on the core, and a forced kernel set runs on whatever CPU this is.
+std::string CpuLine() {
+#if defined(__x86_64__) || defined(_M_X64)
+  unsigned regs[4] = {0, 0, 0, 0};
+  if (!__get_cpuid(0, &regs[0], &regs[1], &regs[2], &regs[3])) return "unknown x86-64 CPU";
+  char vendor[13] = {0};
+  std::memcpy(vendor, &regs[1], 4);
+  std::memcpy(vendor + 4, &regs[3], 4);
+  std::memcpy(vendor + 8, &regs[2], 4);
+  __get_cpuid(1, &regs[0], &regs[1], &regs[2], &regs[3]);
+  const unsigned base_family = (regs[0] >> 8) & 0xF, base_model = (regs[0] >> 4) & 0xF;
+  const unsigned family = base_family == 0xF ? base_family + ((regs[0] >> 20) & 0xFF) : base_family;
+  const unsigned model = base_family == 0x6 || base_family == 0xF ? (((regs[0] >> 16) & 0xF) << 4) | base_model
+                                                                  : base_model;
+  char brand[49] = {0};
+  for (unsigned leaf = 0; leaf < 3; ++leaf) {
+    unsigned* out = reinterpret_cast<unsigned*>(brand + 16 * leaf);
+    if (!__get_cpuid(0x80000002 + leaf, &out[0], &out[1], &out[2], &out[3])) break;
+  }
+  return std::string(vendor) + " family " + std::to_string(family) + " model " + std::to_string(model) +
+         " stepping " + std::to_string(regs[0] & 0xF) + " (" + brand + ")";
+#else
+  return "a CPU without cpuid";
+#endif
 }
 
 // A contender processes rows [begin, end) of the input.
@@ -323,6 +351,7 @@ int Run(const Options& options) {
   const std::string op = !options.skip ? "RMSNorm"
                          : std::string("SkipRMSNorm") + (options.bias ? " with bias" : "") +
                                (options.float32_sum ? " (float32 sum)" : "");
+  std::printf("CPU: %s\n", CpuLine().c_str());
   std::printf("%s %s, %lld x %lld, %s stores, %s, %d repetitions of %d calls (medians, %s)\n",
               op.c_str(), options.dtype.c_str(), static_cast<long long>(options.rows),
               static_cast<long long>(options.cols), options.streaming ? "streaming" : "ordinary", on.c_str(),

@@ -22,21 +22,22 @@ struct PrefetchOrder {
   static constexpr int64_t kMinPartBytes = 8192;
   int parts_log2;      // the row is prefetched as 2^parts_log2 parts
   int64_t part_steps;  // steps per part
+  int64_t part_mask;   // 2^parts_log2 - 1
+  int64_t whole_steps;  // the steps of the whole parts, part_steps << parts_log2; later ones are taken in order
 
   // A row of `row_bytes` bytes, scaled in `steps` whole steps.
   static PrefetchOrder Of(int64_t row_bytes, int64_t steps) {
     int log2 = kMaxPartsLog2;
     while (log2 > 0 && (row_bytes >> log2) < kMinPartBytes) --log2;
-    return {log2, steps >> log2};
+    const int64_t part_steps = steps >> log2;
+    return {log2, part_steps, (int64_t{1} << log2) - 1, part_steps << log2};
   }
 
   bool InParts() const { return parts_log2 > 0; }
 
-  // The step whose lines are prefetched at step s (a permutation of [0, steps)).
-  int64_t StepAt(int64_t s) const {
-    if (parts_log2 == 0 || s >= part_steps << parts_log2) return s;
-    return (s & ((int64_t{1} << parts_log2) - 1)) * part_steps + (s >> parts_log2);
-  }
+  // The step whose lines are prefetched at step s (a permutation of [0, steps)). Called once per step of the row
+  // loop, so it is kept to a few instructions without a branch on the number of parts (one part: mask 0, s itself).
+  int64_t StepAt(int64_t s) const { return s < whole_steps ? (s & part_mask) * part_steps + (s >> parts_log2) : s; }
 };
 
 }  // namespace

@@ -12,6 +12,8 @@
 //       bytes (a plain Store where the ISA has no such store);
 //     optionally static void StoreStreamingPair(T*, F, F) and StorePair(T*, F, F): two vectors' values as one
 //       streaming or ordinary store, where that is cheaper than two stores of half a cache line (see HasPairStore);
+//     optionally, with those, StoreStreamingPairNoNaN and StorePairNoNaN: the same for values known not to be NaN,
+//       where handling NaN costs instructions (see HasNoNaNPairStore);
 //   static void StreamingFence(): orders the streaming stores before later ones (a no-op without them);
 //   static constexpr bool kPipelineRows: whether streaming calls may be pipelined (NormalizeRowsWith decides);
 //   optionally, for T where it is cheaper, template <bool kStreaming> static F StageSum(const T* x, const T* skip,
@@ -59,9 +61,15 @@ void StorePartial(T* p, typename V::F v, int64_t n) {
   std::memcpy(static_cast<void*>(p), buffer, static_cast<size_t>(n) * sizeof(T));
 }
 
-// A row read later is prefetched into L2 while the current one is scaled (see RowScaler), so that its sum of squares
+// A row read later is prefetched into L2 one row ahead (see NormalizeRowRange), so that its sum of squares
 // finds it there instead of waiting on memory.
-inline void PrefetchToL2(const void* p) { __builtin_prefetch(p, 0, 2); }
+//
+// The empty volatile asm keeps the prefetch: GCC counts a function that only prefetches (StepPrefetcher) as free of
+// side effects and removes the calls to it.
+inline void PrefetchToL2(const void* p) {
+  __builtin_prefetch(p, 0, 2);
+  __asm__ volatile("" : : "r"(p));
+}
 
 // Where a row's values come from, as float32 vectors of values exact in T: the tensor itself (X, or SkipRMSNorm's
 // staged h), or SkipSumRow below. Prefetch(i) fetches the line of every input at element i.
@@ -95,9 +103,25 @@ template <class V, typename T>
 struct HasPairStore<V, false, T, decltype(V::StorePair(std::declval<T*>(), V::Zero(), V::Zero()))>
     : std::true_type {};
 
-template <class V, bool kStreaming, typename T>
+// Whether V also has the pair stores for values that are not NaN (AVX2's bfloat16 rounding needs no NaN lanes then).
+template <class V, bool kStreaming, typename T, class = void>
+struct HasNoNaNPairStore : std::false_type {};
+template <class V, typename T>
+struct HasNoNaNPairStore<V, true, T,
+                         decltype(V::StoreStreamingPairNoNaN(std::declval<T*>(), V::Zero(), V::Zero()))>
+    : std::true_type {};
+template <class V, typename T>
+struct HasNoNaNPairStore<V, false, T, decltype(V::StorePairNoNaN(std::declval<T*>(), V::Zero(), V::Zero()))>
+    : std::true_type {};
+
+// kNoNaN: neither a nor b holds a NaN (see NormalizeRowsWith).
+template <class V, bool kStreaming, bool kNoNaN, typename T>
 void StorePairOfVectors(T* p, typename V::F a, typename V::F b) {
-  if constexpr (kStreaming) {
+  if constexpr (kNoNaN && kStreaming) {
+    V::StoreStreamingPairNoNaN(p, a, b);
+  } else if constexpr (kNoNaN) {
+    V::StorePairNoNaN(p, a, b);
+  } else if constexpr (kStreaming) {
     V::StoreStreamingPair(p, a, b);
   } else {
     V::StorePair(p, a, b);
@@ -197,8 +221,12 @@ struct HasDotSquares<V, decltype(static_cast<void>(V::DotSquares(std::declval<co
 // call first, streamed 16-bit rows were up to 15% slower on a Zen 4 core (docs/benchmarks.md, "What limits the
 // kernels"). kDotSquares: whether bfloat16 pairs are summed with V::DotSquares, where V has it, or with
 // V::SquarePairs.
+//
+// `alongside` is taken by value: a copy local to this function, which no store through the output pointers it holds
+// can change, so that the compiler keeps its fields (pointers, the factor) in registers instead of reloading them
+// after every store.
 template <class V, bool kDotSquares = true, class Row, class Alongside>
-double SumSquares(const Row row, int64_t n, const Alongside& alongside) {
+double SumSquares(const Row row, int64_t n, const Alongside alongside) {
   using F = typename V::F;
   constexpr int64_t W = V::kWidth;
   double total = 0.0;
@@ -241,14 +269,43 @@ double SumSquares(const Row row, int64_t n, const Alongside& alongside) {
   return total;
 }
 
-template <class V, class Row>
-double SumSquares(const Row row, int64_t n) {
-  return SumSquares<V>(row, n, [](int64_t) {});
+// Whether the row loops keep their operands in registers (a local copy that no store can change) or read them
+// through a reference after every store. Registers made rows in cache up to 40% faster, and streamed 16-bit rows
+// faster too; but float32 rows written with streaming stores, which are bound by memory, became 10-25% slower on a
+// Zen 4 core (AVX2 and AVX-512, old and new kernels alternated in one process; the cause was not found without
+// hardware counters), so those keep the reloads (docs/benchmarks.md, "What limits the kernels").
+template <bool kStreaming, typename T>
+constexpr bool RegistersPay() {
+  return !(kStreaming && std::is_same_v<T, float>);
 }
 
+// Prefetches the lines of one step of SumSquares' loop (four vectors, kStep elements) of `row` per call, step s of
+// the loop taking step order.StepAt(s) of the row: what a row loop does for the row it sums next.
+template <class V, typename T, class Row>
+struct StepPrefetcher {
+  static constexpr int64_t kStep = 4 * V::kWidth;
+  static constexpr int kStepLog2 = __builtin_ctzll(kStep);  // i >> kStepLog2 == i / kStep for i >= 0
+  static_assert((int64_t{1} << kStepLog2) == kStep, "kStep is a power of two");
+  Row row;
+  PrefetchOrder order;  // Order(n)
+
+  static PrefetchOrder Order(int64_t n) { return PrefetchOrder::Of(n * static_cast<int64_t>(sizeof(T)), n / kStep); }
+
+  void operator()(int64_t i) const {
+    const int64_t at = order.StepAt(i >> kStepLog2) * kStep;
+    for (int64_t byte = 0; byte < kStep * static_cast<int64_t>(sizeof(T)); byte += 64) {
+      row.Prefetch(at + byte / static_cast<int64_t>(sizeof(T)));
+    }
+  }
+};
+
+struct NoPrefetch {
+  void operator()(int64_t) const {}
+};
+
 // y = round_T(row * factor * scale), in SumSquares' steps of four vectors (so that a row can be scaled inside the
-// next row's sum of squares), prefetching one step's lines of the row summed next (`next`) per step, in `order`.
-template <class V, bool kStreaming, class Row, typename T, class NextRow>
+// next row's sum of squares), calling `prefetch` once per step. kNoNaN: no product is NaN (see NormalizeRowsWith).
+template <class V, bool kStreaming, bool kNoNaN, class Row, typename T, class Prefetch>
 struct RowScaler {
   using F = typename V::F;
   static constexpr int64_t W = V::kWidth;
@@ -257,28 +314,30 @@ struct RowScaler {
   T* y;
   F factor;
   const float* scale;  // never nullptr (RowBatch::scale)
-  NextRow next;
-  PrefetchOrder order;  // in which order next's steps are prefetched: Order(n)
-
-  static PrefetchOrder Order(int64_t n) { return PrefetchOrder::Of(n * static_cast<int64_t>(sizeof(T)), n / kStep); }
+  Prefetch prefetch;
 
   void Step(int64_t i) const {
-    const int64_t at = order.StepAt(i / kStep) * kStep;
-    for (int64_t byte = 0; byte < kStep * static_cast<int64_t>(sizeof(T)); byte += 64) {
-      next.Prefetch(at + byte / static_cast<int64_t>(sizeof(T)));
-    }
+    prefetch(i);
     if constexpr (HasPairStore<V, kStreaming, T>::value) {
-      for (int64_t k = i; k < i + kStep; k += 2 * W) StorePairOfVectors<V, kStreaming>(y + k, At(k), At(k + W));
+      for (int64_t k = i; k < i + kStep; k += 2 * W) {
+        StorePairOfVectors<V, kStreaming, kNoNaN>(y + k, At(k), At(k + W));
+      }
     } else {
       for (int64_t k = i; k < i + kStep; k += W) StoreVector<V, kStreaming>(y + k, At(k));
     }
   }
-  // Elements [begin, n), begin a multiple of kStep.
+  // Elements [begin, n), begin a multiple of kStep. Works on a local copy, for the reason SumSquares takes
+  // `alongside` by value, except where that was measured slower (RegistersPay).
   void Rest(int64_t begin, int64_t n) const {
+    using Self = std::conditional_t<RegistersPay<kStreaming, T>(), const RowScaler, const RowScaler&>;
+    Self self = *this;
     int64_t i = begin;
-    for (; i + kStep <= n; i += kStep) Step(i);
-    for (; i + W <= n; i += W) StoreVector<V, kStreaming>(y + i, At(i));
-    if (i < n) StorePartial<V>(y + i, Scaled(row.LoadPartial(i, n - i), LoadPartial<V>(scale + i, n - i)), n - i);
+    for (; i + kStep <= n; i += kStep) self.Step(i);
+    for (; i + W <= n; i += W) StoreVector<V, kStreaming>(self.y + i, self.At(i));
+    if (i < n) {
+      StorePartial<V>(self.y + i, self.Scaled(self.row.LoadPartial(i, n - i), LoadPartial<V>(self.scale + i, n - i)),
+                      n - i);
+    }
   }
 
  private:
@@ -303,25 +362,25 @@ void NormalizeRowInDouble(const Row row, T* y, int64_t n, const float* scale, fl
 }
 
 // Rows [begin, end): row r's statistic from `stat(r)`, its output from `out(r)` (a StatRow and an OutRow). Row r is
-// scaled, then row r + 1 summed; `pipeline` does both in one loop (row r scaled in the steps of row r + 1's sum of
-// squares) so that row r + 1's loads, from outside the core's caches, overlap row r's arithmetic. The sums and
-// products are the same either way (DotSquares and SquarePairs alike): results are bit-identical.
-template <class V, bool kStreaming, typename T, class StatAt, class OutAt>
+// summed, then scaled; `pipeline` sums row r + 1 in the steps of row r's scaling (one loop) so that row r + 1's loads,
+// from outside the core's caches, overlap row r's arithmetic. The sums and products are the same either way
+// (DotSquares and SquarePairs alike): results are bit-identical. The loop that scales a row prefetches the row summed
+// next (r + 1, or r + 2 when r + 1 is summed in that loop).
+template <class V, bool kStreaming, bool kNoNaN, typename T, class StatAt, class OutAt>
 void NormalizeRowRange(const RowBatch<T>& batch, int64_t begin, int64_t end, bool pipeline, const StatAt& stat,
                        const OutAt& out) {
   const int64_t n = batch.cols;
-  using Scaler = RowScaler<V, kStreaming, decltype(out(begin)), T, decltype(stat(begin))>;
-  const PrefetchOrder order = Scaler::Order(n);  // the same for every row
+  using Ahead = StepPrefetcher<V, T, decltype(stat(begin))>;
+  const PrefetchOrder order = Ahead::Order(n);  // the same for every row
+  // The row prefetched ahead of row `from`: the last row of a task prefetches itself, which keeps the loops free of
+  // branches.
+  const auto ahead = [&](int64_t from) { return Ahead{stat(from < end ? from : end - 1), order}; };
   double sum_squares = 0.0;
   bool summed = false;  // row r's sum of squares was formed alongside row r - 1
   for (int64_t r = begin; r < end; ++r) {
-    if (!summed) sum_squares = SumSquares<V>(stat(r), n);
+    if (!summed) sum_squares = SumSquares<V>(stat(r), n, NoPrefetch{});
     summed = false;
     const bool pipelined = pipeline && r + 1 < end;
-    // Prefetched while row r is scaled: the row summed next (r + 1, or r + 2 when r + 1 is summed alongside); the
-    // last row of a task prefetches itself, which keeps the loop free of branches.
-    const int64_t next_row = r + (pipelined ? 2 : 1);
-    const auto next = stat(next_row < end ? next_row : end - 1);
     T* const y = batch.y + r * n;
     const auto row = out(r);
     if (!FastPathIsAccurate(sum_squares, batch.epsilon)) {
@@ -329,15 +388,27 @@ void NormalizeRowRange(const RowBatch<T>& batch, int64_t begin, int64_t end, boo
       continue;
     }
     const float factor = static_cast<float>(InverseRms(sum_squares, n, batch.epsilon, batch.eps_outside_sqrt));
-    const Scaler scaler{row, y, V::Set1(factor), batch.scale, next, order};
     if (pipelined) {
+      // Row r + 1 is summed here, so row r + 2 is prefetched.
+      const RowScaler<V, kStreaming, kNoNaN, decltype(row), T, Ahead> scaler{row, y, V::Set1(factor), batch.scale,
+                                                                            ahead(r + 2)};
+      const auto by_copy = [scaler](int64_t i) { scaler.Step(i); };  // see SumSquares and RegistersPay
+      const auto by_reference = [&scaler](int64_t i) { scaler.Step(i); };
+      const auto step = [&] {
+        if constexpr (RegistersPay<kStreaming, T>()) {
+          return by_copy;
+        } else {
+          return by_reference;
+        }
+      }();
       // With the next row prefetched in parts, bfloat16 sums with vdpbf16ps made one Zen 4 core 10-35% slower than
       // the same sums in FMAs, whose bits are the instruction's (SquarePairs); elsewhere vdpbf16ps is faster.
-      const auto step = [&](int64_t i) { scaler.Step(i); };
       sum_squares = order.InParts() ? SumSquares<V, false>(stat(r + 1), n, step) : SumSquares<V>(stat(r + 1), n, step);
       summed = true;
       scaler.Rest(n - n % scaler.kStep, n);
     } else {
+      const RowScaler<V, kStreaming, kNoNaN, decltype(row), T, Ahead> scaler{row, y, V::Set1(factor), batch.scale,
+                                                                            ahead(r + 1)};
       scaler.Rest(0, n);
     }
   }
@@ -347,7 +418,7 @@ void NormalizeRowRange(const RowBatch<T>& batch, int64_t begin, int64_t end, boo
 // or in the caller's scratch (StagesInScratch), where the float32 sum is staged too. Every staging target is written
 // at index i only after x[i] and skip[i] were read, so any aliasing onnxruntime chooses (Y over X, sum over skip) is
 // safe.
-template <class V, bool kStreaming, typename Stage, bool kBias, typename T>
+template <class V, bool kStreaming, bool kNoNaN, typename Stage, bool kBias, typename T>
 void NormalizeSkipRowsStaged(const RowBatch<T>& batch, int64_t begin, int64_t end, bool pipeline) {
   const int64_t n = batch.cols;
   constexpr bool kInScratch = HSink<V, kStreaming, T, Stage>::kSeparateSum;  // StagesInScratch(batch)
@@ -365,18 +436,50 @@ void NormalizeSkipRowsStaged(const RowBatch<T>& batch, int64_t begin, int64_t en
     return SkipSumRow<V, kStreaming, T, Stage, kBias>{batch.x + r * n, batch.skip + r * n, batch.bias, {stage(r), sum}};
   };
   const auto out = [&](int64_t r) { return InputRow<V, Stage>{stage(r)}; };
-  NormalizeRowRange<V, kStreaming>(batch, begin, end, pipeline, stat, out);
+  NormalizeRowRange<V, kStreaming, kNoNaN>(batch, begin, end, pipeline, stat, out);
 }
 
-template <class V, bool kStreaming, bool kBias, typename T>
+template <class V, bool kStreaming, bool kNoNaN, bool kBias, typename T>
 void NormalizeSkipRows(const RowBatch<T>& batch, int64_t begin, int64_t end, bool pipeline) {
   if constexpr (sizeof(T) < sizeof(float)) {
     if (NormalizesFloat32Sum(batch)) {
-      NormalizeSkipRowsStaged<V, kStreaming, float, kBias>(batch, begin, end, pipeline);
+      NormalizeSkipRowsStaged<V, kStreaming, kNoNaN, float, kBias>(batch, begin, end, pipeline);
       return;
     }
   }
-  NormalizeSkipRowsStaged<V, kStreaming, T, kBias>(batch, begin, end, pipeline);
+  NormalizeSkipRowsStaged<V, kStreaming, kNoNaN, T, kBias>(batch, begin, end, pipeline);
+}
+
+template <class V, bool kStreaming, bool kNoNaN, typename T>
+void NormalizeRowsAs(const RowBatch<T>& batch, int64_t begin, int64_t end, bool pipeline) {
+  const int64_t n = batch.cols;
+  if (!batch.skip) {
+    const auto row = [&](int64_t r) { return InputRow<V, T>{batch.x + r * n}; };
+    NormalizeRowRange<V, kStreaming, kNoNaN>(batch, begin, end, pipeline, row, row);
+  } else if (batch.bias) {
+    NormalizeSkipRows<V, kStreaming, kNoNaN, true>(batch, begin, end, pipeline);
+  } else {
+    NormalizeSkipRows<V, kStreaming, kNoNaN, false>(batch, begin, end, pipeline);
+  }
+}
+
+// Whether no value of `scale` is infinite or NaN: then no output of a row on the fast path is NaN. There a row's sum
+// of squares is finite, so are its values x and the factor, and |x * factor| <= sqrt(cols); times a finite gain that
+// is finite or overflows to an infinity, never NaN. (x * 0 is 0 for finite x, NaN for infinities and NaN.)
+template <class V>
+bool ScaleIsFinite(const float* scale, int64_t n) {
+  using F = typename V::F;
+  constexpr int64_t W = V::kWidth;
+  F a0 = V::Zero(), a1 = V::Zero(), a2 = V::Zero(), a3 = V::Zero();
+  int64_t i = 0;
+  for (; i + 4 * W <= n; i += 4 * W) {
+    a0 = V::Fma(V::Load(scale + i), V::Zero(), a0);
+    a1 = V::Fma(V::Load(scale + i + W), V::Zero(), a1);
+    a2 = V::Fma(V::Load(scale + i + 2 * W), V::Zero(), a2);
+    a3 = V::Fma(V::Load(scale + i + 3 * W), V::Zero(), a3);
+  }
+  for (; i < n; i += W) a0 = V::Fma(LoadPartial<V>(scale + i, n - i < W ? n - i : W), V::Zero(), a0);
+  return V::ReduceAdd(V::Add(V::Add(a0, a1), V::Add(a2, a3))) == 0.0f;
 }
 
 template <class V, bool kStreaming, typename T>
@@ -389,14 +492,17 @@ void NormalizeRowsWith(const RowBatch<T>& batch, int64_t begin, int64_t end) {
   constexpr int64_t kMinPipelinedFloatRowBytes = 32 * 1024;
   const bool pipeline = V::kPipelineRows && kStreaming &&
                         (sizeof(T) == 2 || n * static_cast<int64_t>(sizeof(T)) >= kMinPipelinedFloatRowBytes);
-  if (!batch.skip) {
-    const auto row = [&](int64_t r) { return InputRow<V, T>{batch.x + r * n}; };
-    NormalizeRowRange<V, kStreaming>(batch, begin, end, pipeline, row, row);
-  } else if (batch.bias) {
-    NormalizeSkipRows<V, kStreaming, true>(batch, begin, end, pipeline);
-  } else {
-    NormalizeSkipRows<V, kStreaming, false>(batch, begin, end, pipeline);
+  // Where V narrows values known not to be NaN more cheaply (AVX2's bfloat16: 13-19% faster), calls of several rows
+  // check the scale once; a single row keeps the general stores rather than read its scale twice.
+  constexpr int64_t kMinRowsForScaleCheck = 4;
+  if constexpr (HasNoNaNPairStore<V, kStreaming, T>::value) {
+    if (end - begin >= kMinRowsForScaleCheck && ScaleIsFinite<V>(batch.scale, n)) {
+      NormalizeRowsAs<V, kStreaming, true>(batch, begin, end, pipeline);
+      if constexpr (kStreaming) V::StreamingFence();
+      return;
+    }
   }
+  NormalizeRowsAs<V, kStreaming, false>(batch, begin, end, pipeline);
   if constexpr (kStreaming) V::StreamingFence();  // make the weakly ordered stores visible before the task ends
 }
 

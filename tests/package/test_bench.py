@@ -12,7 +12,7 @@ import pytest
 
 from ort_rmsnorm import cli, runtime
 from ort_rmsnorm.bench import __main__ as bench_main
-from ort_rmsnorm.bench import cases, command, models, plan, plots, tables
+from ort_rmsnorm.bench import cases, command, machine, models, plan, plots, tables
 from ort_rmsnorm.runtime import make_session, run
 from reference import rmsnorm
 
@@ -36,6 +36,25 @@ def test_every_contender_runs_or_says_why(report):
         for m in case["measurements"]:
             assert m["seconds"] > 0 and m["samples"] == TINY["repetitions"]
             assert m["vs_roofline"] is not None
+
+
+def test_results_name_the_cpu_and_the_kernels_that_ran(report, monkeypatch):
+    """The kernel set a result came from is recorded: forced, or the library's choice for this CPU's flags."""
+    recorded = report["machine"]
+    assert recorded["kernels"] in recorded["ort_rmsnorm"].get("cpu_isas", ["scalar"])
+    assert set(recorded["cpu"]) == {"vendor", "family", "model", "stepping", "flags"}
+    compiled = ["scalar", "avx2", "avx512", "avx512bf16", "avx512fp16"]
+    avx2 = ["avx2", "fma", "f16c"]
+    avx512 = avx2 + ["avx512f", "avx512bw", "avx512vl"]
+    assert machine.default_kernels(compiled, []) == "scalar"
+    assert machine.default_kernels(compiled, ["avx2", "fma"]) == "scalar"  # no F16C: no AVX2 kernels
+    assert machine.default_kernels(compiled, avx2) == "avx2"
+    assert machine.default_kernels(compiled, avx512 + ["avx512dq", "avx512_bf16"]) == "avx512bf16"
+    assert machine.default_kernels(["scalar", "avx2"], avx512) == "avx2"  # only what the build has
+    monkeypatch.setenv(machine.ISA_ENV, "avx2")
+    forced = machine.machine_info()
+    assert forced["kernels"] == forced["forced_isa"] == "avx2"
+    assert "kernels: avx2 (forced by ORT_RMSNORM_CPU_ISA)" in machine.machine_line(forced)
 
 
 def test_onnxruntime_gaps_are_detected_not_assumed(report):
