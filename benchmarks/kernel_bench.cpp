@@ -317,8 +317,10 @@ int Run(const Options& options) {
       const RowsFn<T> rows = kernels->get<T>();
       const auto scratch_bytes = static_cast<size_t>(ScratchBytes(batch));
       const auto kernel = [&batch, rows, scratch_bytes](int64_t begin, int64_t end) {
-        RowBatch<T> task = batch;  // as the library's CPU glue calls the kernels: with this thread's scratch
-        task.scratch = ThreadScratch(scratch_bytes);
+        CallMemory memory;  // as the library's CPU glue calls the kernels: with the call's scratch for the task
+        RowBatch<T> task = batch;
+        const CallMemory::Scratch scratch = memory.TaskScratch(scratch_bytes);
+        task.scratch = scratch.data();
         rows(task, begin, end);
       };
       contenders.push_back({kernels->isa, kernel, {}});

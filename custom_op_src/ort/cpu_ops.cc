@@ -84,7 +84,7 @@ HostColumns ToHostColumns(const CpuKernels& kernels, const Ort::ConstValue& tens
 }
 
 // A per-column input of the op: its input index, its name in errors, its element type E, and the first of the two
-// per-thread buffers (ThreadFloats) it is converted and broadcast in per call.
+// buffers of the call (CallMemory::Floats) it is converted and broadcast in per call.
 template <typename E>
 struct ColumnInput {
   size_t index;
@@ -143,28 +143,29 @@ class CpuNormKernel {
   }
 
   // `cols` float32 values of `values` (of `shape`) laid out over a row: used in place when already per element,
-  // else broadcast into a per-thread buffer.
-  const float* LayOut(const float* values, ShapeView shape, const NormCall& call, const char* name, int slot) const {
+  // else broadcast into a buffer of the call.
+  const float* LayOut(CallMemory& memory, const float* values, ShapeView shape, const NormCall& call, const char* name,
+                      int slot) const {
     const NormGeometry& geometry = call.geometry;
     // An empty X reads no column (and its normalized dims may multiply past int64).
     if (attributes_.ScaleLayoutFor(shape, call.x_shape(), geometry, name) == ScaleLayout::kPerElement ||
         geometry.cols == 0) {
       return values;
     }
-    float* expanded = ThreadFloats(slot, static_cast<size_t>(geometry.cols));
+    float* expanded = memory.Floats(slot, static_cast<size_t>(geometry.cols));
     ExpandScale(values, attributes_.BroadcastFor(shape, call.x_shape(), geometry, name), geometry.cols, expanded);
     return expanded;
   }
 
   // The input as `cols` float32 values in row order, or nullptr when the node has none.
   template <typename E>
-  const float* ColumnsForCall(const Ort::KernelContext& context, const NormCall& call, const ColumnInput<E>& input,
-                              const std::optional<HostColumns>& constant) const {
+  const float* ColumnsForCall(CallMemory& memory, const Ort::KernelContext& context, const NormCall& call,
+                              const ColumnInput<E>& input, const std::optional<HostColumns>& constant) const {
     if (constant) {
       if (constant->CheckedFor(call)) {
         return constant->layout == ScaleLayout::kPerElement ? constant->values.data() : constant->expanded.data();
       }
-      return LayOut(constant->values.data(), constant->shape, call, input.name, input.first_slot);
+      return LayOut(memory, constant->values.data(), constant->shape, call, input.name, input.first_slot);
     }
     if (context.GetInputCount() <= input.index) return nullptr;
     const Ort::ConstValue tensor = context.GetInput(input.index);
@@ -173,12 +174,12 @@ class CpuNormKernel {
     const ShapeView shape = dims.View();
     const E* data = static_cast<const E*>(tensor.GetTensorRawData());
     if constexpr (std::is_same_v<E, float>) {
-      return LayOut(data, shape, call, input.name, input.first_slot);
+      return LayOut(memory, data, shape, call, input.name, input.first_slot);
     } else {
       const auto count = static_cast<size_t>(ElementCount(shape));
-      float* converted = ThreadFloats(input.first_slot, count);
+      float* converted = memory.Floats(input.first_slot, count);
       ToFloat32(kernels_, data, count, converted);
-      return LayOut(converted, shape, call, input.name, input.first_slot + 1);
+      return LayOut(memory, converted, shape, call, input.name, input.first_slot + 1);
     }
   }
 
@@ -194,11 +195,14 @@ class CpuNormKernel {
     batch.epsilon = attributes_.epsilon;
     batch.eps_outside_sqrt = attributes_.eps_outside_sqrt;
     batch.normalize_float32_sum = attributes_.normalize_float32_sum;
-    batch.scale = ColumnsForCall(context, call, kScale, constant_scale_);  // nullptr: see ThreadOnes
-    if constexpr (Sig::kSkip) batch.bias = ColumnsForCall(context, call, kBias, constant_bias_);
+    // What the call needs beyond its tensors: kept by the threads up to kKeptBytes a buffer, the rest freed when
+    // the call returns (thread_scratch.h).
+    CallMemory memory;
+    batch.scale = ColumnsForCall(memory, context, call, kScale, constant_scale_);  // nullptr: see Ones
+    if constexpr (Sig::kSkip) batch.bias = ColumnsForCall(memory, context, call, kBias, constant_bias_);
     const int64_t tensors_moved = 2 + (batch.skip ? 1 : 0) + (batch.sum ? 1 : 0);  // X, Y; skip, sum
     if (geometry.rows == 0 || geometry.cols == 0) return;
-    if (!batch.scale) batch.scale = ThreadOnes(static_cast<size_t>(geometry.cols));  // read by every task's thread
+    if (!batch.scale) batch.scale = memory.Ones(static_cast<size_t>(geometry.cols));  // read by every task's thread
     const int64_t row_bytes = geometry.cols * static_cast<int64_t>(sizeof(T));
     batch.streaming_stores = geometry.rows * row_bytes * (batch.sum ? 2 : 1) >= kStreamingOutputBytes &&
                              row_bytes % 64 == 0 && LineAligned(batch.y) && (!batch.sum || LineAligned(batch.sum));
@@ -206,7 +210,8 @@ class CpuNormKernel {
     ParallelRows(context, geometry.rows, row_bytes * tensors_moved, batch.streaming_stores,
                  [&](int64_t begin, int64_t end) {
                    RowBatch<T> task = batch;
-                   task.scratch = ThreadScratch(scratch_bytes);  // of the thread running this task
+                   const CallMemory::Scratch scratch = memory.TaskScratch(scratch_bytes);  // this task's alone
+                   task.scratch = scratch.data();
                    rows_(task, begin, end);
                  });
   }

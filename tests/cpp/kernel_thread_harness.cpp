@@ -5,10 +5,12 @@
 //   1. First use: the threads are released together before anything in the process has selected the kernels; each
 //      picks them (SelectCpuKernels, CpuKernelsFor of every instruction set) and runs a call at once.
 //   2. Shared calls, as the intra-op pool runs one: every thread claims tasks of RowsPerTask rows of one batch in
-//      turn (an atomic counter, as KernelContext_ParallelFor claims them), each task with its thread's scratch
-//      (ThreadScratch) and the calling thread's ones for an absent scale (ThreadOnes), on shared inputs.
+//      turn (an atomic counter, as KernelContext_ParallelFor claims them), each task with its scratch from the
+//      call's CallMemory and the calling thread's ones for an absent scale (CallMemory::Ones), on shared inputs;
+//      every other round with nothing kept by the threads (CallMemory(0)), so that the tasks borrow and return the
+//      call's own scratch blocks concurrently, as rows beyond kKeptBytes do.
 //   3. Concurrent calls, as concurrent runs of one session: each thread runs whole calls of its own on the same
-//      inputs, in an order of its own, so that its scratch grows and is reused across calls and sizes.
+//      inputs, in an order of its own, so that its kept scratch grows and is reused across calls and sizes.
 // Calls: float32, float16, bfloat16; RMSNorm and SkipRMSNorm (with and without sum, bias, the float32 sum, no
 // scale); rows in cache and rows written with streaming stores (pipelined); every instruction set this CPU runs.
 //
@@ -170,10 +172,10 @@ class Harness {
     }
   }
 
-  // Rows [begin, end) of `call` into `out`, as the glue runs a task: a copy of the batch with this thread's scratch,
-  // and `ones` (the calling thread's) for an absent scale.
-  void RunRows(const CpuKernels& kernels, const Call& call, Outputs& out, const float* ones, int64_t begin,
-               int64_t end) {
+  // Rows [begin, end) of `call` into `out`, as the glue runs a task: a copy of the batch with the task's scratch
+  // from `memory`, and `ones` (the calling thread's) for an absent scale.
+  void RunRows(const CpuKernels& kernels, const Call& call, Outputs& out, CallMemory& memory, const float* ones,
+               int64_t begin, int64_t end) {
     WithInputs(call, [&](const auto* x, const auto* skip) {
       using T = std::remove_cv_t<std::remove_pointer_t<decltype(x)>>;
       RowBatch<T> batch;
@@ -186,13 +188,15 @@ class Harness {
       batch.normalize_float32_sum = call.float32_sum;
       batch.cols = call.cols;
       batch.streaming_stores = call.streaming;
-      batch.scratch = ThreadScratch(static_cast<size_t>(ScratchBytes(batch)));
+      const CallMemory::Scratch scratch = memory.TaskScratch(static_cast<size_t>(ScratchBytes(batch)));
+      batch.scratch = scratch.data();
       kernels.get<T>()(batch, begin, end);
     });
   }
 
   void RunCall(const CpuKernels& kernels, const Call& call, Outputs& out) {
-    RunRows(kernels, call, out, ThreadOnes(static_cast<size_t>(call.cols)), 0, call.rows);
+    CallMemory memory;
+    RunRows(kernels, call, out, memory, memory.Ones(static_cast<size_t>(call.cols)), 0, call.rows);
   }
 
   int64_t RowsPerTaskOf(const Call& call) const {
@@ -242,13 +246,15 @@ class Harness {
           const Call& call = calls_[c];
           if (t == 0) {
             shared_out_ = std::make_unique<Outputs>(call);
-            shared_ones_ = ThreadOnes(static_cast<size_t>(call.cols));
+            shared_memory_ = std::make_unique<CallMemory>(round % 2 ? 0 : kKeptBytes);
+            shared_ones_ = shared_memory_->Ones(static_cast<size_t>(call.cols));
             next_row_.store(0);
           }
           barrier_.Wait();
           const int64_t per_task = RowsPerTaskOf(call);
           for (int64_t begin; (begin = next_row_.fetch_add(per_task)) < call.rows;) {
-            RunRows(*kernels, call, *shared_out_, shared_ones_, begin, std::min(call.rows, begin + per_task));
+            RunRows(*kernels, call, *shared_out_, *shared_memory_, shared_ones_, begin,
+                    std::min(call.rows, begin + per_task));
             tasks_run_.fetch_add(1);
           }
           barrier_.Wait();
@@ -282,6 +288,7 @@ class Harness {
   std::vector<std::unique_ptr<Outputs>> expected_;
   // The shared call in progress: set by thread 0 before the barrier that starts it.
   std::unique_ptr<Outputs> shared_out_;
+  std::unique_ptr<CallMemory> shared_memory_;
   const float* shared_ones_ = nullptr;
   std::atomic<int64_t> next_row_{0};
   std::atomic<int64_t> tasks_run_{0}, concurrent_calls_{0}, checked_{0}, failed_{0};
