@@ -79,13 +79,24 @@ def values_of(graph_like: ir.Graph | ir.Function) -> Iterator[ir.Value]:
         yield from node.outputs
 
 
-def call_sites(model: ir.Model, function: ir.Function) -> list[tuple[ir.Graph | ir.Function, ir.Node]]:
-    """Nodes calling ``function``, each with the main graph or function it lies in (possibly inside a subgraph)."""
-    identifier = function.identifier()
-    return [(scope.top, node) for scope, node in walk(model) if node.op_identifier() == identifier]
+def all_call_sites(model: ir.Model) -> dict[ir.Function, list[tuple[ir.Graph | ir.Function, ir.Node]]]:
+    """The nodes calling each model-local function that is called, each with the main graph or function it lies in
+    (possibly inside a subgraph): one walk of the model for all of them."""
+    functions = model.functions
+    found: dict[ir.Function, list[tuple[ir.Graph | ir.Function, ir.Node]]] = {}
+    for scope, node in walk(model):
+        function = functions.get(node.op_identifier())
+        if function is not None:
+            found.setdefault(function, []).append((scope.top, node))
+    return found
 
 
-def bodies(model: ir.Model, function: ir.Function) -> set[ir.Graph]:
-    """The graphs its nodes lie in (``node.graph``): the function's body and every subgraph in it."""
-    return {scope.graph.graph if isinstance(scope.graph, ir.Function) else scope.graph
-            for scope in scopes(model) if scope.top is function}
+def all_bodies(model: ir.Model) -> dict[ir.Function, set[ir.Graph]]:
+    """The graphs each model-local function's nodes lie in (``node.graph``): its body and every subgraph in it; one
+    walk of the model for all of them."""
+    found: dict[ir.Function, set[ir.Graph]] = {}
+    for scope in scopes(model):
+        if isinstance(scope.top, ir.Function):
+            graph = scope.graph.graph if isinstance(scope.graph, ir.Function) else scope.graph
+            found.setdefault(scope.top, set()).add(graph)
+    return found

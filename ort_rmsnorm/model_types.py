@@ -1,7 +1,7 @@
 """Element types and shapes of a model's values, as ONNX shape inference finds them, without writing them into it.
 
 ONNX shape inference (symbolic dims) runs on the main graph and its subgraphs, on a copy of the model without its
-large initializers' data (onnx_ir's helper behind its ShapeInferencePass), so external weights are never loaded.
+large initializers' data (as onnx_ir's ShapeInferencePass does), so external weights are never loaded.
 Where ONNX gives a `Slice` with computed starts or ends no dims at all, the dims the slice does not touch are put back
 and inference runs again (see :func:`_slice_dims_gained`). Model-local function bodies get no shapes from it, so each
 function is inferred on its own from the types at its call sites. The results go into a :class:`TypeTable`; the model
@@ -10,6 +10,7 @@ keeps its own annotations.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 from collections.abc import Callable, Mapping
@@ -17,11 +18,8 @@ from collections.abc import Callable, Mapping
 import onnx
 import onnx_ir as ir
 
-# The helper behind onnx_ir's ShapeInferencePass: the model as a proto without its large initializers' data.
-from onnx_ir.passes.common import _c_api_utils
-
 from .contract import ONNX_DOMAINS
-from .model_graphs import call_sites, graph_likes, values_of
+from .model_graphs import all_call_sites, graph_likes, values_of
 
 logger = logging.getLogger(__name__)
 
@@ -140,26 +138,33 @@ def constant_tensor(value: ir.Value | None) -> ir.TensorProtocol | None:
 def infer_types(model: ir.Model) -> TypeTable:
     """Types and shapes of the values in ``model`` (main graph, subgraphs, functions); the model is left as it was."""
     small_external = _small_external_initializers(model)
+    # Bound before anything can fail: every path below reads them.
+    stripped: list[onnx.ModelProto] = []
+    inferred_proto: onnx.ModelProto | None = None
     try:
         # ONNX inference reads constant inputs (axes, shapes) only from in-memory data: give it the small external
         # ones (the larger initializers are left out, so weights are not read).
         for value, tensor in small_external.items():
             value.const_value = ir.Tensor(tensor.numpy(), name=tensor.name)
         slices = _slices_with_constant_axes(model.graph)
-        stripped: list[onnx.ModelProto] = []
 
         def infer(proto: onnx.ModelProto) -> onnx.ModelProto:
             stripped.append(proto)
             return _infer_shapes(proto, slices)
 
-        inferred_proto = _c_api_utils.call_onnx_api(infer, model)
+        inferred_proto = _call_without_large_initializers(infer, model)
     except Exception as error:  # noqa: BLE001 - as onnx_ir's ShapeInferencePass: the model's own annotations stand
         logger.warning("shape inference failed: %s", error)
         inferred_proto = None
     finally:
         for value, tensor in small_external.items():
             value.const_value = tensor
-    inferred_graphs = ir.serde.deserialize_model(inferred_proto).graphs() if inferred_proto is not None else ()
+    inferred_graphs = ()
+    if inferred_proto is not None:
+        try:
+            inferred_graphs = ir.serde.deserialize_model(inferred_proto).graphs()
+        except Exception as error:  # noqa: BLE001 - as a failed inference: the model's own annotations stand
+            logger.warning("shape inference gave a model onnx_ir cannot read: %s", error)
     found: dict[ir.Value, tuple[ir.DataType | None, ir.Shape | None]] = {}
     for graph, inferred_graph in itertools.zip_longest(model.graphs(), inferred_graphs):
         by_name = (
@@ -177,6 +182,41 @@ def infer_types(model: ir.Model) -> TypeTable:
         names = {value.name: value for value in values_of(model.graph) if value.name}
         table.symbolic = lambda: _symbolic_shapes(stripped[0], names)
     return _infer_functions(model, table)
+
+
+def _call_without_large_initializers(call: Callable[[onnx.ModelProto], onnx.ModelProto], model: ir.Model
+                                     ) -> onnx.ModelProto:
+    """``call`` on the model as a proto whose initializers of more than SMALL_TENSOR_BYTES are typed graph inputs
+    without data (so that weights are neither read nor copied), the model left as it was, its initializers in their
+    order. What onnx_ir's ShapeInferencePass does (``_c_api_utils.call_onnx_api``), whose test of each initializer
+    against the list of graph inputs made it quadratic in the number of initializers (30,000 took minutes)."""
+    graph = model.graph
+    values = tuple(graph.initializers.values())
+    tensors = [value.const_value for value in values]
+    inputs = len(graph.inputs)
+    detached = False
+    try:
+        for value, tensor in zip(values, tensors):
+            if tensor is not None:
+                value.shape = value.shape if value.shape is not None else ir.Shape(tensor.shape)
+                value.dtype = value.dtype if value.dtype is not None else tensor.dtype
+            if not value.is_graph_input():
+                graph.inputs.append(value)
+            if tensor is None or tensor.nbytes > SMALL_TENSOR_BYTES:
+                value.const_value = None
+                graph.initializers.pop(value.name)
+                detached = True
+        proto = ir.serde.serialize_model(model)
+    finally:
+        for value, tensor in zip(values, tensors):
+            value.const_value = tensor
+        while len(graph.inputs) > inputs:
+            graph.inputs.pop()
+        if detached:
+            graph.initializers.clear()
+            for value in values:
+                graph.initializers.add(value)
+    return call(proto)
 
 
 def _symbolic_shapes(proto: onnx.ModelProto, values: Mapping[str, ir.Value]) -> tuple[dict, str | None]:
@@ -295,7 +335,7 @@ def computed_dtypes(model: ir.Model) -> set[ir.DataType]:
     }
 
 
-SMALL_TENSOR_BYTES = 1000  # onnx_ir's helper leaves initializers above this size out of the proto
+SMALL_TENSOR_BYTES = 1000  # shape inference gets initializers above this size without data (as onnx_ir's pass)
 
 
 def _small_external_initializers(model: ir.Model) -> dict[ir.Value, ir.TensorProtocol]:
@@ -333,52 +373,136 @@ def _merged_input_types(
 
 
 def _infer_functions(model: ir.Model, table: TypeTable) -> TypeTable:
-    """Adds each function body's facts, inferred from its call sites' input types (callers first, so that calls
-    nested in functions resolve too). A function whose callers disagree on an input type stays without facts."""
-    pending = list(model.functions.values())
-    while pending:
-        ready = [
-            function for function in pending if not any(owner in pending for owner, _ in call_sites(model, function))
-        ] or pending[
-            :1
-        ]  # recursion cannot be inferred: take one as it is
-        for function in ready:
-            pending.remove(function)
-            calls = [node for _, node in call_sites(model, function)]
-            inputs = _merged_input_types(calls, table, len(function.inputs)) if calls else None
-            if inputs is not None:
-                table.learn(_infer_function_body(model, function, inputs))
+    """Adds each function body's facts, inferred from its call sites' input types. A function whose callers disagree
+    on an input type stays without facts.
+
+    Each body is inferred on its own, without the other functions: a call it makes to another function gets that
+    function's output types as annotations, once they are known. Bodies are taken callers first (their facts type
+    the calls they make), and a body is inferred again when the input types its callees get, or the output types of
+    a function it calls, change; so a chain of functions calling the next costs two inferences per function. (Handing
+    ONNX every other function instead made each body's inference walk all the functions it reaches: cubic in a chain
+    of a few hundred functions.)"""
+    functions = list(model.functions.values())
+    if not functions:
+        return table
+    sites = all_call_sites(model)
+    callers = {function: {top for top, _ in sites.get(function, []) if isinstance(top, ir.Function)}
+               for function in functions}
+    callees: dict[ir.Function, set[ir.Function]] = {function: set() for function in functions}
+    calls_in: dict[ir.Function, list] = {function: [] for function in functions}  # (callee, call) in the body itself
+    for callee, found in sites.items():
+        for top, node in found:
+            if isinstance(top, ir.Function):
+                callees[top].add(callee)
+                if node.graph is top.graph:
+                    calls_in[top].append((callee, node))
+
+    inputs_used: dict[ir.Function, object] = {}
+    outputs: dict[ir.Function, list[tuple[ir.DataType | None, ir.Shape | None]]] = {}
+    rounds: dict[ir.Function, int] = dict.fromkeys(functions, 0)
+    queue = collections.deque(_callers_first(functions, callers))
+    queued = set(queue)
+    while queue:
+        function = queue.popleft()
+        queued.discard(function)
+        # Types only gain facts from round to round; the bound stops a recursion whose types go back and forth.
+        if rounds[function] > len(callees[function]) + 2:
+            continue
+        rounds[function] += 1
+        calls = [node for _, node in sites.get(function, [])]
+        inputs = _merged_input_types(calls, table, len(function.inputs)) if calls else None
+        if inputs is None:
+            continue
+        inputs_used[function] = _facts_key(inputs)
+        known = {}
+        for callee, node in calls_in[function]:
+            for value, fact in zip(node.outputs, outputs.get(callee, ())):
+                if value.name and fact[0] is not None:
+                    known[value.name] = fact
+        facts = _infer_function_body(model, function, inputs, known)
+        table.learn(facts)
+        found_outputs = [facts.get(value, (None, None)) for value in function.outputs]
+        wake = []
+        if _facts_key(found_outputs) != _facts_key(outputs.get(function, [(None, None)] * len(function.outputs))):
+            wake += callers[function]
+        outputs[function] = found_outputs
+        for callee in callees[function]:
+            callee_calls = [node for _, node in sites.get(callee, [])]
+            merged = _merged_input_types(callee_calls, table, len(callee.inputs))
+            if merged is not None and _facts_key(merged) != inputs_used.get(callee):
+                wake.append(callee)
+        for other in wake:
+            if other not in queued:
+                queue.append(other)
+                queued.add(other)
     return table
 
 
-def _infer_function_body(model: ir.Model, function: ir.Function, inputs) -> dict:
-    """Runs ONNX shape inference on a throwaway model whose graph is the function body with typed inputs."""
+def _callers_first(functions: list[ir.Function], callers: Mapping[ir.Function, set[ir.Function]]
+                   ) -> list[ir.Function]:
+    """The functions, each after the functions that call it (Kahn's order; those in a recursion, in model order)."""
+    waiting = {function: len(callers[function] - {function}) for function in functions}
+    called_by: dict[ir.Function, list[ir.Function]] = {function: [] for function in functions}
+    for function in functions:
+        for caller in callers[function] - {function}:
+            called_by[caller].append(function)
+    ready = collections.deque(function for function in functions if waiting[function] == 0)
+    order, placed = [], set()
+    while len(order) < len(functions):
+        if not ready:  # a recursion: take the first function left as it is
+            ready.append(next(function for function in functions if function not in placed))
+        function = ready.popleft()
+        if function in placed:
+            continue
+        order.append(function)
+        placed.add(function)
+        for callee in called_by[function]:
+            waiting[callee] -= 1
+            if waiting[callee] == 0 and callee not in placed:
+                ready.append(callee)
+    return order
+
+
+def _facts_key(facts) -> tuple:
+    """Types and shapes as a comparable key (dims by size or symbol)."""
+    return tuple(
+        (dtype, None if shape is None else tuple(dim_key(dim) for dim in shape.dims)) for dtype, shape in facts
+    )
+
+
+def _infer_function_body(model: ir.Model, function: ir.Function, inputs, calls: Mapping[str, tuple]) -> dict:
+    """Runs ONNX shape inference on a throwaway model whose graph is the function body with typed inputs, and the
+    outputs of the calls it makes to other functions annotated with ``calls`` (name -> (type, shape))."""
     body = ir.serde.serialize_function(function)
+
+    def info(name: str, dtype, shape) -> onnx.ValueInfoProto:
+        return onnx.helper.make_tensor_value_info(
+            name, int(dtype), None if shape is None else [dim_key(dim) for dim in shape.dims]
+        )
+
     graph = onnx.helper.make_graph(
         list(body.node),
         f"{function.name}_body",
-        [
-            onnx.helper.make_tensor_value_info(
-                value.name, int(dtype), None if shape is None else [dim_key(dim) for dim in shape.dims]
-            )
-            for value, (dtype, shape) in zip(function.inputs, inputs)
-        ],
+        [info(value.name, dtype, shape) for value, (dtype, shape) in zip(function.inputs, inputs)],
         [onnx.helper.make_empty_tensor_value_info(value.name) for value in function.outputs],
+        value_info=[info(name, dtype, shape) for name, (dtype, shape) in calls.items()],
     )
     opsets = [onnx.helper.make_opsetid(domain, version) for domain, version in function.opset_imports.items()]
-    others = [ir.serde.serialize_function(other) for other in model.functions.values() if other is not function]
-    proto = onnx.helper.make_model(graph, opset_imports=opsets, functions=others, ir_version=model.ir_version)
+    proto = onnx.helper.make_model(graph, opset_imports=opsets, ir_version=model.ir_version)
     try:
         inferred = _infer_shapes(proto, _slices_with_constant_axes(function))
     except Exception as error:  # noqa: BLE001 - the body stays without shapes; rules then say why they skip
         logger.info("shape inference of function %s failed: %s", function.name, error)
         return {}
-    by_name = {info.name: info for info in (*inferred.graph.value_info, *inferred.graph.output)}
+    # A graph output keeps its empty annotation where ONNX knows nothing of its producer (a call): the annotation
+    # given for the call's output counts then.
+    by_name = {info.name: info for info in (*inferred.graph.output, *inferred.graph.value_info)
+               if info.type.HasField("tensor_type") and info.type.tensor_type.elem_type}
     facts = {}
     for node in function:
         for value in node.outputs:
             info = by_name.get(value.name)
-            if info is not None and info.type.HasField("tensor_type"):
+            if info is not None:
                 facts[value] = _type_and_shape(info.type.tensor_type)
     for value, (dtype, shape) in zip(function.inputs, inputs):
         facts[value] = (dtype, shape)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from ort_rmsnorm.model_graphs import bodies, call_sites, graph_likes, values_of
+from ort_rmsnorm.model_graphs import all_bodies, all_call_sites, graph_likes, values_of
 
 from ._annotations import Annotations
 from ._facts import Facts, label
@@ -22,11 +22,23 @@ def between_phases(session: FusionSession) -> None:
 
 def remove_dead(fused_nodes: list[FusedNode]) -> None:
     """Removes what the fusions so far made dead."""
+    initializers: dict[ir.Value, None] = {}  # checked once each, at the end: constants many norms share are common
     for fused in fused_nodes:
-        fused.removed += [node for node in _remove_dead(fused.matched) if node not in fused.removed]
-        for value in fused.initializers:
-            if value.graph is not None and not (value.uses() or value.is_graph_input() or value.is_graph_output()):
-                value.graph.initializers.pop(value.name)
+        removed = set(fused.removed)
+        fused.removed += [node for node in _remove_dead(fused.matched, initializers) if node not in removed]
+        initializers.update(dict.fromkeys(fused.initializers))
+    for value in initializers:
+        if value.graph is not None and value.is_initializer() and not (
+            _used(value) or value.is_graph_input() or value.is_graph_output()
+        ):
+            value.graph.initializers.pop(value.name)
+
+
+def _used(value: ir.Value) -> bool:
+    """Whether any node reads ``value``, at constant cost: ``Value.uses()`` copies every use, which over a value read
+    by thousands of nodes (a shared epsilon) made the clean-up quadratic in the model's size."""
+    uses = getattr(value, "_uses", None)  # onnx_ir's own record of the uses; the public copy where it has none
+    return bool(uses) if uses is not None else bool(value.uses())
 
 
 def finish(session: FusionSession, model: ir.Model, annotations: Annotations) -> FusionReport:
@@ -38,7 +50,8 @@ def finish(session: FusionSession, model: ir.Model, annotations: Annotations) ->
     remove_dead(fused_nodes)
     annotations.restore_names()
     annotations.restore_types()  # the rewriter annotates Constant outputs
-    _type_function_calls(model, [fused.node for fused in fused_nodes], session.facts)
+    bodies = all_bodies(model)  # one walk for all functions
+    _type_function_calls(model, bodies, [fused.node for fused in fused_nodes], session.facts)
     new_values = {value for fused in fused_nodes for value in _new_values(fused, annotations)}
     taken = {
         value.name
@@ -50,9 +63,7 @@ def finish(session: FusionSession, model: ir.Model, annotations: Annotations) ->
     # Before IR 10 a function body has no value_info: onnx_ir writes its types into the main graph under names it
     # cannot read back when they contain "/", so a second run would drop them. There the values the pass makes in
     # functions stay unannotated, as the rest of the body is.
-    unannotated = set() if model.ir_version >= 10 else {
-        graph for function in model.functions.values() for graph in bodies(model, function)
-    }
+    unannotated = set() if model.ir_version >= 10 else {graph for graphs in bodies.values() for graph in graphs}
     for fused in fused_nodes:
         node_names.give(fused.node, fused.node.name)
         _finish_outputs(fused, taken, annotations, node_names)
@@ -66,15 +77,15 @@ def finish(session: FusionSession, model: ir.Model, annotations: Annotations) ->
     return session.report()
 
 
-def _remove_dead(seeds: list[ir.Node]) -> list[ir.Node]:
-    """Removes the seeds and their producers, as far as they are dead now (no uses, not graph outputs), and the
-    initializers only they used. Returns the nodes removed."""
+def _remove_dead(seeds: list[ir.Node], initializers: dict[ir.Value, None]) -> list[ir.Node]:
+    """Removes the seeds and their producers, as far as they are dead now (no uses, not graph outputs). Returns the
+    nodes removed; the initializers they read go into ``initializers``, for the caller to remove those now unused."""
     removed: list[ir.Node] = []
     pending = list(seeds)
     while pending:
         node = pending.pop()
         graph = node.graph
-        if graph is None or any(value.is_graph_output() or value.uses() for value in node.outputs):
+        if graph is None or any(value.is_graph_output() or _used(value) for value in node.outputs):
             continue
         inputs = [value for value in node.inputs if value is not None]
         graph.remove(node, safe=True)
@@ -82,21 +93,24 @@ def _remove_dead(seeds: list[ir.Node]) -> list[ir.Node]:
         for value in inputs:
             if value.producer() is not None:
                 pending.append(value.producer())
-            elif value.is_initializer() and not (value.uses() or value.is_graph_input() or value.is_graph_output()):
-                value.graph.initializers.pop(value.name)
+            elif value.is_initializer():
+                initializers[value] = None
     return removed
 
 
-def _type_function_calls(model: ir.Model, emitted: list[ir.Node], facts: Facts) -> None:
+def _type_function_calls(model: ir.Model, bodies: dict[ir.Function, set[ir.Graph]], emitted: list[ir.Node],
+                         facts: Facts) -> None:
     """ONNX and onnxruntime infer the outputs of a call to a model-local function from the function's body, and an
     operator without an ONNX schema there (ours, or SimplifiedLayerNormalization for onnx.checker) leaves them
     untyped, so that ops reading them fail type inference. The outputs of calls to a function that now holds a fused
     node keep the types and shapes inferred before (written as value_info)."""
     in_graph = {node.graph for node in emitted}
+    sites = None
     for function in model.functions.values():
-        if not in_graph & bodies(model, function):
+        if not in_graph & bodies.get(function, set()):
             continue
-        for _, call in call_sites(model, function):
+        sites = all_call_sites(model) if sites is None else sites
+        for _, call in sites.get(function, []):
             for value in call.outputs:
                 dtype, shape = facts.dtype(value), facts.shape(value)
                 if dtype is not None:

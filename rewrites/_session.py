@@ -75,7 +75,9 @@ class FusionSession:
         self.phase = 0
         """The phase of rules running (``_rule_set``): a near miss of a later phase is that of a smaller form."""
         self.fused: list[FusedNode] = []
+        self._fused_by_node: dict[ir.Node, FusedNode] = {}  # by the node each fusion emitted last (``.node``)
         self._near_misses: dict[tuple, NearMiss] = {}
+        self._anchors: set[ir.Node] = set()  # the anchors of the near misses
         self.notes: list[str] = list(notes)
 
     # ---- during matching ----
@@ -95,6 +97,7 @@ class FusionSession:
         entry = self._near_misses.get(key)
         if entry is None:
             entry = self._near_misses[key] = NearMiss(self.location(context.graph_or_function), error.reason, [])
+            self._anchors.add(anchor)
         entry.seen.append((self.phase, rule, list(context.nodes), met if met is not None else context.root))
 
     def fused_norm(
@@ -129,15 +132,16 @@ class FusionSession:
             roundings=list(spec.roundings),
         )
         facts = [self._facts(value) if value is not None else (None, None, None) for value in replaced]
-        self.fused.append(FusedNode(node, record, list(context.nodes), facts, context.root, [], _read(context.nodes)))
+        self._add(FusedNode(node, record, list(context.nodes), facts, context.root, [], _read(context.nodes)))
         self._learn(node, replaced)
 
     def left_alone(self, graph_like: ir.Graph | ir.Function, node: ir.Node, rule: str, reason: str) -> None:
         """A norm op that stays in the model as it is, and why (unless a rule already said why not)."""
-        if not any(anchor is node for anchor, _ in self._near_misses):
+        if node not in self._anchors:
             self._near_misses[(node, reason)] = NearMiss(
                 self.location(graph_like), reason, [(self.phase, rule, [node], node)]
             )
+            self._anchors.add(node)
 
     def fused_residual(
         self,
@@ -152,16 +156,18 @@ class FusionSession:
         that was in the model already). ``replaced[i]``: the value output i of ``node`` takes the place of (None for an
         optional output that nothing read before); output 0 replaces the norm's output. ``roundings``: as
         :attr:`NormSpec.roundings`, for the sum."""
-        earlier = next((fused for fused in self.fused if fused.node is norm), None)
+        earlier = self._fused_by_node.get(norm)
         if earlier is None:
             location = self.location(context.graph_or_function)
             record = _record_of_existing_norm(norm, self.target.name, location, self.facts)
             earlier = FusedNode(norm, record, [norm], [self._facts(norm.outputs[0])], norm)
-            self.fused.append(earlier)
+            self._add(earlier)
         earlier.output_facts = [earlier.output_facts[0]] + [
             self._facts(value) if value is not None else (None, None, None) for value in replaced[1:]
         ]
+        del self._fused_by_node[earlier.node]
         earlier.node = node
+        self._fused_by_node[node] = earlier
         self._learn(node, replaced)
         earlier.record.op_type = qualified(node.domain, node.op_type)
         earlier.record.skip = True
@@ -172,9 +178,13 @@ class FusionSession:
         ]
         earlier.initializers |= _read(context.nodes)
 
+    def _add(self, fused: FusedNode) -> None:
+        self.fused.append(fused)
+        self._fused_by_node[fused.node] = fused
+
     def _learn(self, node: ir.Node, replaced: list[ir.Value | None]) -> None:
         """The emitted node's outputs have the types and shapes of the values they replace (later rules read them)."""
-        fused = next(fused for fused in self.fused if fused.node is node)
+        fused = self._fused_by_node[node]
         self.facts.types.learn(
             {value: (dtype, shape) for value, (_, dtype, shape) in zip(node.outputs, fused.output_facts) if dtype}
         )
@@ -210,7 +220,7 @@ class FusionSession:
         """Where the rewriter meets ``node``: a node the pass emitted stands where the match it replaced ended."""
         if node in self._order:
             return self._order[node]
-        emitted = next((fused for fused in self.fused if fused.node is node), None)
+        emitted = self._fused_by_node.get(node)
         return self.position(emitted.root) if emitted is not None else len(self._order)
 
 
