@@ -1,7 +1,9 @@
 """Reading and writing model files safely.
 
 - :func:`load_model`: clear errors for a missing, unreadable, truncated, corrupted or invalid
-  model, each naming the file and the problem. Weights stored as external data stay on disk: :func:`load_model`
+  model, each naming the file and the problem. Before anything else reads more of the file, every string in it must
+  be valid UTF-8 and every tensor stored as external data must name a regular file inside the model's directory
+  (:func:`check_external_data`). Weights stored as external data stay on disk: :func:`load_model`
   returns an ``onnx_ir.Model`` whose external tensors are memory-mapped lazily, so models over 2 GB (which must store
   their weights as external data) are handled without reading the weights.
 - :func:`save_model`: atomic writes (:mod:`ort_rmsnorm.durable`). Everything is written into a temporary directory
@@ -16,16 +18,20 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
-from pathlib import Path
+import stat
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Callable, Iterable
 
 import onnx
 import onnx_ir as ir
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError
 
 from . import durable
 from .contract import MS_DOMAIN, ONNX_DOMAINS, ORT_SIMPLIFIED_LAYER_NORM
+from .model_graphs import nodes as all_nodes
 
 # A serialized protobuf message cannot exceed 2 GiB; graphs beyond that keep their weights in external data files.
 PROTOBUF_LIMIT_BYTES = 2**31 - 1
@@ -36,6 +42,8 @@ EXTERNAL_DATA_THRESHOLD_BYTES = 1024
 ORT_OPS_IN_ONNX_DOMAIN = frozenset({ORT_SIMPLIFIED_LAYER_NORM})
 # Leave room for the graph itself when deciding whether inline weights still fit one protobuf message.
 _GRAPH_HEADROOM_BYTES = 64 * 2**20
+# External data offsets and lengths are read into 64-bit signed integers (onnxruntime, onnx_ir's memory maps).
+_MAX_FILE_BYTES = 2**63 - 1
 
 
 class ModelFileError(Exception):
@@ -74,6 +82,7 @@ def _read_checked_proto(path: Path, notes: list[str] | None = None) -> onnx.Mode
         ) from None
     if not proto.HasField("graph") or not proto.opset_import:
         raise ModelFileError(f"{path}: not an ONNX model (no graph or no opset imports; truncated or another format?)")
+    check_external_data(path, _external_tensor_protos(path, proto))
     try:
         _run_checker(path, proto)
     except onnx.checker.ValidationError as error:
@@ -136,7 +145,7 @@ def _nodes(proto: onnx.ModelProto) -> Iterable[onnx.NodeProto]:
 def _without_external_initializers(proto: onnx.ModelProto) -> onnx.ModelProto:
     """A copy whose initializers stored in external data are typed main-graph inputs instead (subgraphs read them
     from the outer scope, as they may any outer value). The checker resolves an in-memory model's external data
-    against the current directory, not the model's; the files are checked by :func:`_check_external_data`."""
+    against the current directory, not the model's; the files are checked by :func:`check_external_data`."""
     copy = onnx.ModelProto()
     copy.CopyFrom(proto)
     inputs = {value.name for value in copy.graph.input}
@@ -155,11 +164,14 @@ def _without_external_initializers(proto: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _run_checker(path: Path, proto: onnx.ModelProto) -> None:
-    if not any(node.domain in ONNX_DOMAINS and node.op_type in ORT_OPS_IN_ONNX_DOMAIN for node in _nodes(proto)):
-        # The path form reads the file in C++ and checks that external data files exist, without reading them.
-        onnx.checker.check_model(str(path))
+    """onnx's checker, after :func:`check_external_data` (which every model passes first, whichever form runs
+    here)."""
+    if any(node.domain in ONNX_DOMAINS and node.op_type in ORT_OPS_IN_ONNX_DOMAIN for node in _nodes(proto)):
+        _check_in_memory(proto)
         return
-    _check_in_memory(proto)
+    # The path form reads the file in C++ (no second copy of a large model in Python) and checks the external data
+    # files again, without reading them (it refuses a data file that is a symbolic link).
+    onnx.checker.check_model(str(path))
 
 
 def _check_in_memory(proto: onnx.ModelProto) -> None:
@@ -177,47 +189,209 @@ def _check_in_memory(proto: onnx.ModelProto) -> None:
     onnx.checker.check_model(checked)
 
 
-def _external_tensors(model: ir.Model) -> Iterable[ir.ExternalTensor]:
-    return (
-        value.const_value
-        for graph in model.graphs()
-        for value in graph.initializers.values()
-        if isinstance(value.const_value, ir.ExternalTensor)
-    )
+# ---- what a model file holds, checked before anything reads more of it -------------------------------------------
 
 
-def _check_external_data(model: ir.Model, model_path: Path) -> None:
-    for tensor in _external_tensors(model):
-        data_path = Path(tensor.path)
-        _check_regular_file(data_path, f"external data of tensor '{tensor.name}' in {model_path.name}")
-        end = (tensor.offset or 0) + (tensor.length if tensor.length is not None else tensor.nbytes)
-        if data_path.stat().st_size < end:
+def printable(text: str | bytes) -> str:
+    """``text`` for an error line: control characters, quotes and bytes that are not UTF-8 escaped."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", errors="backslashreplace")
+    return repr(text)[1:-1]
+
+
+def _external_tensor_protos(path: Path, proto: onnx.ModelProto) -> list[tuple[str, onnx.TensorProto]]:
+    """Every tensor of the model stored as external data (initializers of every graph, Constant and other tensor
+    attributes, sparse tensors, in functions too), each with where it lies. A string field anywhere in the model that
+    is not valid UTF-8 (protobuf hands it over as bytes, which onnx and onnx_ir fail on much later, after fusing
+    too) is a :class:`ModelFileError` naming the field. One walk over the message, without recursion."""
+    found = []
+    string, message, external = FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_MESSAGE, onnx.TensorProto.EXTERNAL
+    stack: list[tuple[object, tuple | None]] = [(proto, None)]
+    while stack:
+        item, trail = stack.pop()
+        for field, value in item.ListFields():
+            if field.type == string:
+                for index, text in enumerate(value) if field.is_repeated else ((None, value),):
+                    if not isinstance(text, str):
+                        raise ModelFileError(
+                            f"{path}: invalid ONNX model: {_trail_text((trail, field.name, index))} is not valid "
+                            f"UTF-8 ('{printable(text)}')"
+                        )
+            elif field.type == message:
+                if field.is_repeated:
+                    stack.extend((child, (trail, field.name, index)) for index, child in enumerate(value))
+                else:
+                    stack.append((value, (trail, field.name, None)))
+        if type(item) is onnx.TensorProto and item.data_location == external:
+            found.append((_trail_text(trail), item))
+    return found
+
+
+def _trail_text(trail: tuple | None) -> str:
+    """``graph.node[3].attribute[0].t``, from the walk's linked trail."""
+    parts = []
+    while trail is not None:
+        trail, name, index = trail
+        parts.append(name if index is None else f"{name}[{index}]")
+    return ".".join(reversed(parts)) or "the model"
+
+
+_DECIMAL = re.compile(r"[0-9]{1,19}")
+# The keys onnxruntime accepts (any other is "model format error!"; onnx_ir warns and ignores them).
+_EXTERNAL_DATA_KEYS = ("location", "offset", "length", "checksum")
+
+
+def check_external_data(path: Path, tensors: Iterable[tuple[str, onnx.TensorProto]]) -> None:
+    """Refuses, with a :class:`ModelFileError` naming the tensor and the file, every external data reference of the
+    model at ``path`` that onnxruntime would refuse or that reaches beyond the model's directory; nothing is opened
+    or read, only ``lstat``-ed. ``tensors``: (where, tensor) pairs, as the walk of the model's message finds them.
+
+    A reference must hold only the keys onnxruntime reads, and name a relative location without ``..`` inside the
+    model's directory, reached through no symbolic link (onnx's checker and onnx_ir refuse links too), a regular file
+    with one hard link (onnx_ir refuses others); its offset and length must be decimal byte counts; the length, when
+    given, must be exactly the bytes its element type and dims take; and the file must hold offset + length bytes.
+    """
+    for where, tensor in tensors:
+        name = f"tensor '{printable(tensor.name)}'" if tensor.name else where
+        what = f"{path}: {name} stored as external data"
+        entries: dict[str, str] = {}
+        for entry in tensor.external_data:
+            if entry.key not in _EXTERNAL_DATA_KEYS:
+                raise ModelFileError(f"{what}: its key '{printable(entry.key)}' is not one onnxruntime reads "
+                                     f"({', '.join(_EXTERNAL_DATA_KEYS)})")
+            if entry.key in entries:
+                raise ModelFileError(f"{what}: its '{printable(entry.key)}' is given twice")
+            entries[entry.key] = entry.value
+        location = entries.get("location", "")
+        if not location:
+            raise ModelFileError(f"{what}: names no location")
+        offset = _byte_count(entries.get("offset", "0"), "offset", what)
+        expected = _tensor_bytes(tensor, what)
+        length = _byte_count(entries["length"], "length", what) if "length" in entries else expected
+        if length != expected:
+            dims = "[" + ", ".join(map(str, tensor.dims)) + "]"
             raise ModelFileError(
-                f"{data_path}: external data file too short for tensor '{tensor.name}' of {model_path.name} "
-                f"(needs bytes up to {end}, file has {data_path.stat().st_size}; truncated?)"
+                f"{what}: its length is {length} bytes, but its type {ir.DataType(tensor.data_type).name} and dims "
+                f"{dims} take {expected} bytes"
             )
-        links = data_path.resolve().stat().st_nlink
-        if links > 1:
+        if offset + length > _MAX_FILE_BYTES:
+            raise ModelFileError(f"{what}: offset {offset} + length {length} is past any file's end (2^63 - 1)")
+        data_path, status = _external_data_file(path, location, name)
+        if status.st_size < offset + length:
+            raise ModelFileError(
+                f"{data_path}: external data file too short for {name} of {path.name} (needs bytes up to "
+                f"{offset + length}, file has {status.st_size}; truncated?)"
+            )
+        if status.st_nlink > 1:
             # onnx_ir refuses to read hard-linked data files (a guard against hard-link attacks).
             raise ModelFileError(
-                f"{data_path}: external data file has {links} hard links; onnx_ir refuses to read hard-linked "
-                "external data, so copy the file instead of linking it"
+                f"{data_path}: external data file has {status.st_nlink} hard links; onnx_ir refuses to read "
+                "hard-linked external data, so copy the file instead of linking it"
             )
+
+
+def _byte_count(text: str, key: str, what: str) -> int:
+    if not _DECIMAL.fullmatch(text) or int(text) > _MAX_FILE_BYTES:
+        raise ModelFileError(f"{what}: its {key} '{printable(text)}' is not a byte count (0 to 2^63 - 1)")
+    return int(text)
+
+
+def _tensor_bytes(tensor: onnx.TensorProto, what: str) -> int:
+    """The bytes a tensor of its element type and dims takes (sub-byte types packed, as ONNX stores them)."""
+    try:
+        bits = ir.DataType(tensor.data_type).bitwidth
+    except (ValueError, TypeError):  # an unknown number, UNDEFINED or STRING
+        raise ModelFileError(
+            f"{what}: element type {tensor.data_type} has no fixed size, so it cannot be stored as external data"
+        ) from None
+    count = 1
+    for dim in tensor.dims:
+        if dim < 0:
+            raise ModelFileError(f"{what}: negative dim {dim}")
+        count *= dim
+    return (count * bits + 7) // 8
+
+
+def _external_data_file(path: Path, location: str, name: str) -> tuple[Path, os.stat_result]:
+    """The data file ``location`` names, relative to the directory of the model at ``path``, and its status. Every
+    component below that directory is ``lstat``-ed (none may be a link), so that nothing outside it is reached."""
+    base, what, shown = path.parent, f"external data of {name} in {path.name}", f"'{printable(location)}'"
+    where = f"{path}: {name} stored as external data: its location {shown}"
+    if "\0" in location:
+        raise ModelFileError(f"{where} holds a NUL character")
+    if PurePosixPath(location).is_absolute() or PureWindowsPath(location).anchor:
+        raise ModelFileError(f"{where} is an absolute path; external data must lie in the model's directory "
+                             f"({base}), named relative to it")
+    if ".." in PurePosixPath(location).parts:
+        raise ModelFileError(f"{where} goes up a directory ('..'); external data must lie in the model's directory "
+                             f"({base})")
+    parts = PurePosixPath(location).parts
+    current, status = base, None
+    for part in parts:
+        current = current / part
+        try:
+            status = os.lstat(current)
+        except FileNotFoundError:
+            raise ModelFileError(f"{current}: no such file ({what})") from None
+        except OSError as error:
+            raise ModelFileError(f"{current}: cannot read the {what}: {error.strerror or error}") from None
+        if stat.S_ISLNK(status.st_mode):
+            raise ModelFileError(f"{current}: the {what} is reached through this symbolic link; external data must "
+                                 "be a regular file in the model's directory")
+    if status is None or not stat.S_ISREG(status.st_mode):
+        raise ModelFileError(f"{current}: the {what} is not a regular file")
+    if not os.access(current, os.R_OK):
+        raise ModelFileError(f"{current}: the {what} is not readable (permission denied)")
+    return current, status
+
+
+def _external_tensors(model: ir.Model) -> Iterable[ir.ExternalTensor]:
+    """The model's external tensors: initializers of every graph, and tensor attributes in graphs and functions."""
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            if isinstance(value.const_value, ir.ExternalTensor):
+                yield value.const_value
+    for node in all_nodes(model):
+        for attr in node.attributes.values():
+            if not isinstance(attr, ir.Attr):
+                continue  # a reference to a function's attribute
+            if attr.type == ir.AttributeType.TENSOR:
+                tensors = [attr.value]
+            elif attr.type == ir.AttributeType.TENSORS:
+                tensors = list(attr.value)
+            else:
+                continue
+            yield from (tensor for tensor in tensors if isinstance(tensor, ir.ExternalTensor))
 
 
 def load_model(path: str | os.PathLike, notes: list[str] | None = None) -> ir.Model:
     """Loads and validates the model file at ``path``, keeping external data on disk (memory-mapped lazily).
 
     Raises :class:`ModelFileError` for a missing or unreadable file, a truncated or corrupted protobuf, a file that is
-    not an ONNX model, a model ``onnx.checker`` rejects, and missing or too short external data files. A model whose
-    nodes are not in topological order (onnxruntime loads such models) is sorted; ``notes`` gets a line saying so.
+    not an ONNX model, a string in it that is not UTF-8, a model ``onnx.checker`` rejects, and external data that is
+    missing, too short, outside the model's directory, reached through a symbolic link or declared inconsistently
+    (:func:`check_external_data`, before any of it is read). A model whose nodes are not in topological order
+    (onnxruntime loads such models) is sorted; ``notes`` gets a line saying so.
     """
     path = Path(path)
-    model = ir.serde.deserialize_model(_read_checked_proto(path, notes))
-    # External tensors resolve their locations against the model's directory.
-    ir.external_data.set_base_dir(model.graph, str(path.parent.resolve()))
-    _check_external_data(model, path)
+    proto = _read_checked_proto(path, notes)
+    try:
+        model = ir.serde.deserialize_model(proto)
+    except Exception as error:  # noqa: BLE001 - whatever onnx_ir trips over in a checked model is the file's
+        raise ModelFileError(f"{path}: invalid ONNX model: onnx_ir cannot read it: {one_line(root_cause(error))}"
+                             ) from None
+    # External tensors resolve their locations against the model's directory (functions' too).
+    base = str(path.parent.resolve())
+    for tensor in _external_tensors(model):
+        tensor.base_dir = base
     return model
+
+
+def root_cause(error: BaseException) -> BaseException:
+    """The first cause of a chain (onnx_ir wraps each level of a model it fails on in a SerdeError)."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    return error
 
 
 def external_data_files(model: ir.Model) -> set[Path]:
@@ -342,6 +516,11 @@ def save_model(
     except ValueError as error:
         # onnx.save's 2 GiB protobuf limit, onnx_ir's checks on external data paths.
         raise ModelFileError(f"{output}: cannot write the model: {one_line(error)}") from None
+    except ir.serde.SerdeError as error:
+        # What load_model lets through is serializable; this is the last guard, named rather than a traceback.
+        raise ModelFileError(
+            f"{output}: cannot write the model: onnx_ir cannot serialize it: {one_line(root_cause(error))}"
+        ) from None
     except OSError as error:
         raise ModelFileError(f"{output}: cannot write the model: {error.strerror or error}") from None
     finally:
