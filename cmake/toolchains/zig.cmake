@@ -49,11 +49,6 @@ set(CMAKE_CXX_ARCHIVE_APPEND "${ORT_RMSNORM_ZIG} ar q <TARGET> <LINK_FLAGS> <OBJ
 set(CMAKE_C_ARCHIVE_FINISH "${ORT_RMSNORM_ZIG} ranlib <TARGET>")
 set(CMAKE_CXX_ARCHIVE_FINISH "${ORT_RMSNORM_ZIG} ranlib <TARGET>")
 
-# The same floating-point arithmetic as GCC's ISO C++ mode: clang would otherwise fuse a * b + c into one FMA in
-# the instruction-set units compiled with FMA (and on AArch64 everywhere), rounding once where the source rounds
-# twice.
-set(CMAKE_C_FLAGS_INIT "-ffp-contract=off")
-set(CMAKE_CXX_FLAGS_INIT "-ffp-contract=off")
 # zig's C++ runtime comes with its debug information; release builds leave it out (the symbol table stays).
 set(CMAKE_SHARED_LINKER_FLAGS_RELEASE_INIT "-Wl,--strip-debug")
 set(CMAKE_EXE_LINKER_FLAGS_RELEASE_INIT "-Wl,--strip-debug")
