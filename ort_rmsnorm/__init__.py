@@ -5,12 +5,16 @@
 - :func:`fuse`: the graph pass that replaces decomposed RMSNorm subgraphs with the fused op.
 - :func:`fuse_folder` / :func:`verify_folder`: the same for every model of an onnxruntime-genai folder or a folder
   of ``.onnx`` files, and the check of the result.
+- :func:`register_schemas`: the ops' ONNX schemas, for onnx's shape inference and checker; registered by importing
+  this package (when onnx is imported, see :mod:`ort_rmsnorm.schemas`).
 """
 
 from __future__ import annotations
 
 from ._library import build_info, get_library_path, has_cuda, package_version, register, session_options
 from .contract import OP_DOMAIN, OP_VERSION
+from .schemas import register_on_onnx_import as _register_on_onnx_import
+from .schemas import register_schemas
 
 __all__ = [
     "OP_DOMAIN",
@@ -21,9 +25,12 @@ __all__ = [
     "get_library_path",
     "has_cuda",
     "register",
+    "register_schemas",
     "session_options",
     "verify_folder",
 ]
+
+_register_on_onnx_import()
 
 
 def __getattr__(name: str):

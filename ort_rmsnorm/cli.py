@@ -334,6 +334,9 @@ def run_info(args: argparse.Namespace) -> int:
         except importlib.metadata.PackageNotFoundError:
             print(f"{package}: not installed")
     print(f"python {platform.python_version()} ({sys.executable})")
+    from .schemas import schema_note
+
+    print(f"onnx schemas: {schema_note()}")
     return EXIT_OK
 
 

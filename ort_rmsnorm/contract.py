@@ -13,6 +13,8 @@ OP_DOMAIN = "ort_rmsnorm"
 OP_VERSION = 1
 RMSNORM = "RMSNorm"
 SKIP_RMSNORM = "SkipRMSNorm"
+EPS_OUTSIDE_SQRT = "eps_outside_sqrt"
+"""The ops' attribute: 1 adds epsilon to the RMS (``x / (sqrt(ms) + eps)``), 0 (default) inside the sqrt."""
 NORMALIZE_FLOAT32_SUM = "normalize_float32_sum"
 """``SkipRMSNorm``'s attribute: 1 normalizes the float32 sum ``x + skip (+ bias)`` before it is rounded to T (as
 onnxruntime's ``SkipSimplifiedLayerNormalization`` does), 0 (default) the rounded sum (as a graph's ``Add``)."""

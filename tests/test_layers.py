@@ -25,6 +25,7 @@ LAYERS = {
     "ort_rmsnorm.runtime": LEAF,
     "ort_rmsnorm.model_io": LEAF,
     "ort_rmsnorm.model_types": LEAF,
+    "ort_rmsnorm.schemas": LEAF,
     "ort_rmsnorm.rewrites": PASS,
     "ort_rmsnorm.fusion": API,
     "ort_rmsnorm.folders": API,
