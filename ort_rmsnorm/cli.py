@@ -1,4 +1,4 @@
-"""The ``ort-rmsnorm`` command line: ``fuse``, ``verify``, ``demo``, ``bench``, ``info``.
+"""The ``ort-rmsnorm`` command line: ``fuse``, ``verify``, ``demo``, ``bench``, ``info``, ``tool``.
 
 Each subcommand is a :class:`Command`: a function that adds its arguments to its parser and a function that runs it
 and returns the exit status. Expected errors (unreadable or invalid input, bad options, an output that would
@@ -340,6 +340,26 @@ def run_info(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# --- tool ---------------------------------------------------------------------------------------------------------
+
+
+def add_tool_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("module", metavar="MODULE",
+                        help="the tool's module, run as `python -m MODULE`, e.g. onnxruntime.quantization.preprocess")
+    parser.add_argument("args", nargs=argparse.REMAINDER, metavar="ARG", help="the tool's arguments")
+
+
+def run_tool(args: argparse.Namespace) -> int:
+    from .tooling import run_tool as run
+
+    try:
+        return run(args.module, args.args)
+    except ModuleNotFoundError as error:
+        if error.name != args.module:
+            raise  # the tool's own missing import: its traceback tells what to install
+        raise UsageError(str(error)) from None
+
+
 # --- the parser ---------------------------------------------------------------------------------------------------
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
@@ -384,6 +404,8 @@ COMMANDS = [
     Command("bench", "time the norm kernels against onnxruntime's and a memory copy (--e2e: a whole model)",
             add_bench_arguments, run_bench),
     Command("info", "library path, build info and versions", add_info_arguments, run_info),
+    Command("tool", "run a Python tool (python -m MODULE) with the library in every onnxruntime session it opens",
+            add_tool_arguments, run_tool),
     # A new subcommand is one more entry here: Command(name, help, add_<name>_arguments, run_<name>).
 ]
 
@@ -420,7 +442,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def console_main() -> None:
-    """The program's entry point (``ort-rmsnorm``, ``python -m ort_rmsnorm.cli``): :func:`main`'s status as the
+    """The program's entry point (``ort-rmsnorm``, ``python -m ort_rmsnorm``): :func:`main`'s status as the
     process's. After an interruption it leaves through ``os._exit``: CPython ends the process by SIGINT at exit, even
     after :func:`main` handled the interrupt, when the KeyboardInterrupt passed through an ``eval()`` of a string
     (``collections.namedtuple`` makes its classes so: an interrupt during fusing would end with status -2, not 130).
