@@ -59,3 +59,7 @@ def __getattr__(name: str):
         module, attribute = _LAZY[name]
         return getattr(importlib.import_module(f"{__name__}.{module}"), attribute)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY, "__version__"})  # the default listing and the names loaded on first use

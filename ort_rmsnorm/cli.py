@@ -27,6 +27,17 @@ class UsageError(Exception):
     """A bad option value found after parsing; exits with 2."""
 
 
+# The API's options in the words of the command line, for the messages of the pass and the API that name them.
+CLI_SPELLINGS = {"allow_opset_upgrade=True": "--convert-opset"}
+
+
+def for_cli(text: str) -> str:
+    """``text`` (a report, an error) with the API's option names replaced by the command line's flags."""
+    for api, flag in CLI_SPELLINGS.items():
+        text = text.replace(api, flag)
+    return text
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse's parser with its errors on one line (argparse prints the whole usage first)."""
 
@@ -198,10 +209,10 @@ def run_fuse(args: argparse.Namespace) -> int:
     data_file = model_io.save_model(model, args.destination, protected=protected,
                                     on_tensor_written=progress.tensors_written)
     if args.report is not None:
-        model_io.write_text_atomically(args.report, report.to_json(), protected=protected)
+        model_io.write_text_atomically(args.report, for_cli(report.to_json()), protected=protected)
     progress.stage("done")
 
-    print(report.summary())
+    print(for_cli(report.summary()))
     print(f"wrote {args.destination}" + (f" (external data: {data_file})" if data_file else "")
           + (f", report {args.report}" if args.report is not None else ""))
     if not args.verify:
@@ -234,8 +245,8 @@ def run_fuse_folder(args: argparse.Namespace, verification_inputs: VerificationI
                                  allow_opset_upgrade=args.convert_opset, progress=progress.stage,
                                  on_tensor_written=progress.tensors_written)
     if args.report is not None:
-        model_io.write_text_atomically(args.report, report.to_json())
-    print(report.summary())
+        model_io.write_text_atomically(args.report, for_cli(report.to_json()))
+    print(for_cli(report.summary()))
     print(f"wrote {args.destination}" + (f", report {args.report}" if args.report is not None else ""))
     if not args.verify:
         return EXIT_OK
@@ -437,7 +448,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{name}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except _expected_errors() as error:
-        print(f"{name}: error: {error}", file=sys.stderr)
+        print(f"{name}: error: {for_cli(str(error))}", file=sys.stderr)
         return EXIT_USAGE
 
 
