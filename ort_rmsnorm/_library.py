@@ -6,6 +6,8 @@ import functools
 import json
 import os
 import sys
+import threading
+import weakref
 from pathlib import Path
 
 import onnxruntime as ort
@@ -34,9 +36,20 @@ def get_library_path() -> str:
     )
 
 
+_registered: weakref.WeakSet = weakref.WeakSet()  # options that hold the library: a second copy fails the session
+_registered_lock = threading.Lock()
+
+
 def register(options: ort.SessionOptions) -> ort.SessionOptions:
-    """Registers the RMSNorm/SkipRMSNorm ops (domain ``ort_rmsnorm``) with ``options`` and returns it."""
-    options.register_custom_ops_library(get_library_path())
+    """Registers the RMSNorm/SkipRMSNorm ops (domain ``ort_rmsnorm``) with ``options`` and returns it.
+
+    Idempotent: options this function registered before are returned as they are (onnxruntime refuses a session
+    whose options hold the library twice, "Domain already set in registry"). Options given the library by
+    ``options.register_custom_ops_library`` directly are not known here: do not pass those."""
+    with _registered_lock:
+        if options not in _registered:
+            options.register_custom_ops_library(get_library_path())
+            _registered.add(options)
     return options
 
 

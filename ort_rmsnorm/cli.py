@@ -1,4 +1,4 @@
-"""The ``ort-rmsnorm`` command line: ``fuse``, ``verify``, ``demo``, ``bench``, ``info``.
+"""The ``ort-rmsnorm`` command line: ``fuse``, ``verify``, ``demo``, ``bench``, ``info``, ``tool``.
 
 Each subcommand is a :class:`Command`: a function that adds its arguments to its parser and a function that runs it
 and returns the exit status (:mod:`ort_rmsnorm.command_line`: errors on one line, exit statuses). Heavy modules
@@ -24,6 +24,7 @@ from .command_line import (
     Progress,
     UsageError,
     exit_with,
+    for_cli,
     make_directory,
     run_program,
 )
@@ -156,10 +157,10 @@ def run_fuse(args: argparse.Namespace) -> int:
     progress = Progress(args.quiet)
     fused = fuse_file(args.source, args.destination, args.target, report_path=args.report,
                       allow_opset_upgrade=args.convert_opset, progress=progress.stage,
-                      on_tensor_written=progress.tensors_written)
+                      on_tensor_written=progress.tensors_written, wording=for_cli)
     progress.stage("done")
 
-    print(fused.report.summary())
+    print(for_cli(fused.report.summary()))
     print(f"wrote {args.destination}" + (f" (external data: {fused.data_file})" if fused.data_file else "")
           + (f", report {args.report}" if args.report is not None else ""))
     if not args.verify:
@@ -192,8 +193,8 @@ def run_fuse_folder(args: argparse.Namespace, verification_inputs: VerificationI
                                  allow_opset_upgrade=args.convert_opset, progress=progress.stage,
                                  on_tensor_written=progress.tensors_written)
     if args.report is not None:
-        model_io.write_text_atomically(args.report, report.to_json())
-    print(report.summary())
+        model_io.write_text_atomically(args.report, for_cli(report.to_json()))
+    print(for_cli(report.summary()))
     print(f"wrote {args.destination}" + (f", report {args.report}" if args.report is not None else ""))
     if not args.verify:
         return EXIT_OK
@@ -292,7 +293,30 @@ def run_info(args: argparse.Namespace) -> int:
         except importlib.metadata.PackageNotFoundError:
             print(f"{package}: not installed")
     print(f"python {platform.python_version()} ({sys.executable})")
+    from .schemas import schema_note
+
+    print(f"onnx schemas: {schema_note()}")
     return EXIT_OK
+
+
+# --- tool ---------------------------------------------------------------------------------------------------------
+
+
+def add_tool_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("module", metavar="MODULE",
+                        help="the tool's module, run as `python -m MODULE`, e.g. onnxruntime.quantization.preprocess")
+    parser.add_argument("args", nargs=argparse.REMAINDER, metavar="ARG", help="the tool's arguments")
+
+
+def run_tool(args: argparse.Namespace) -> int:
+    from .tooling import run_tool as run
+
+    try:
+        return run(args.module, args.args)
+    except ModuleNotFoundError as error:
+        if error.name != args.module:
+            raise  # the tool's own missing import: its traceback tells what to install
+        raise UsageError(str(error)) from None
 
 
 # --- the parser ---------------------------------------------------------------------------------------------------
@@ -310,6 +334,8 @@ COMMANDS = [
             add_demo_arguments, run_demo),
     Command("bench", BENCH_HELP, add_bench_arguments, run_bench),
     Command("info", "library path, build info and versions", add_info_arguments, run_info),
+    Command("tool", "run a Python tool (python -m MODULE) with the library in every onnxruntime session it opens",
+            add_tool_arguments, run_tool),
     # A new subcommand is one more entry here: Command(name, help, add_<name>_arguments, run_<name>).
 ]
 

@@ -62,6 +62,17 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
     return (UsageError, ModelFileError, VerifyInputError, FileNotFoundError)
 
 
+# The API's options in the words of the command line, for the messages of the pass and the API that name them.
+CLI_SPELLINGS = {"allow_opset_upgrade=True": "--convert-opset"}
+
+
+def for_cli(text: str) -> str:
+    """``text`` (a report, an error) with the API's option names replaced by the command line's flags."""
+    for api, flag in CLI_SPELLINGS.items():
+        text = text.replace(api, flag)
+    return text
+
+
 def run_program(build_parser: Callable[[], argparse.ArgumentParser], argv: Sequence[str] | None, name: str,
                 name_of: Callable[[argparse.Namespace], str] | None = None) -> int:
     """Parses ``argv`` with ``build_parser()``'s parser and runs ``args.run(args)``; expected errors and interrupts
@@ -76,7 +87,7 @@ def run_program(build_parser: Callable[[], argparse.ArgumentParser], argv: Seque
         print(f"{name}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except _expected_errors() as error:
-        print(f"{name}: error: {error}", file=sys.stderr)
+        print(f"{name}: error: {for_cli(str(error))}", file=sys.stderr)
         return EXIT_USAGE
 
 
