@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import ort_rmsnorm
-from ort_rmsnorm import cli, command_line, model_io
+from ort_rmsnorm import command_line, model_io
 from tools.tool_models import CONFIG
 
 
