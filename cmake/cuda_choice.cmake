@@ -1,6 +1,7 @@
 # ORT_RMSNORM_CUDA=AUTO: the CUDA kernels are built when the onnxruntime that will load the library can run them,
 # that is when it has the CUDA execution provider (onnxruntime-gpu), and a CUDA compiler is found. Anything else would
-# spend most of the build (about 15 minutes on 2 cores for sm_80 and sm_90) on kernels nothing runs.
+# spend most of the build (2-3 minutes on 2 cores for sm_80 and sm_90, more than the CPU kernels) on kernels nothing
+# runs.
 #
 #   ort_rmsnorm_cuda_choice(<out: ON/OFF> <out: the reason, one line>)
 #
