@@ -41,6 +41,7 @@ from .. import int4, model_io, runtime, verify
 from ..fusion import fuse_model
 from .e2e_plan import Int4Plan
 from .profile import node_medians, norm_share, profiled_runs
+from .tables import faster_or_slower
 from .timing import clock_function, clock_name
 
 FUSED_OPS = ("RMSNorm", "SkipRMSNorm")
@@ -357,7 +358,8 @@ def run_int4(plan: Int4Plan = Int4Plan(), *, workdir: str | None = None, log: Ca
                     low, high = timing["ratio_quartiles"]
                     log(f"  {threads} thread{'s' if threads > 1 else ''}, {phase}: original "
                         f"{timing['original_ms']:.2f} ms, fused {timing['fused_ms']:.2f} ms, "
-                        f"x{timing['speedup']:.3f} (paired quartiles {low:.3f}-{high:.3f})")
+                        f"x{timing['speedup']:.3f} ({faster_or_slower(timing['speedup'], 'the original')}; paired "
+                        f"quartiles {low:.3f}-{high:.3f})")
             patterns, around = neighbours(models, folder)
             profiled = profile(models, steps, plan.profile_runs, folder, around)
             decode = profiled["decode"]
