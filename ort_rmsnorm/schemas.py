@@ -44,8 +44,11 @@ _FLOAT, _FLOAT16, _BFLOAT16 = 1, 10, 16  # onnx.TensorProto.FLOAT, FLOAT16, BFLO
 _TYPE_NAMES = {_FLOAT: "float32", _FLOAT16: "float16", _BFLOAT16: "bfloat16"}
 _SCALE_PAIRS = "f32/f32, f16/f16, f16/f32, bf16/bf16, bf16/f32"
 
-_lock = threading.Lock()
+# Reentrant: registering imports onnx, whose import the hook below ends by registering (the inner call then returns
+# at once, the outer one registers).
+_lock = threading.RLock()
 _state: dict[str, object] = {}  # "registered": bool, "note": str; set by the first registration attempt
+_registering = False
 
 
 def register_schemas() -> bool:
@@ -53,10 +56,15 @@ def register_schemas() -> bool:
 
     Idempotent and thread-safe. Returns True when the schemas are registered (now or before), with or without type
     inference; False when they are not, and :func:`schema_note` says why. Never raises for an onnx that cannot."""
+    global _registering
     with _lock:
-        if not _state:
-            _state.update(_register())
-        return bool(_state["registered"])
+        if not _state and not _registering:
+            _registering = True
+            try:
+                _state.update(_register())
+            finally:
+                _registering = False
+        return bool(_state.get("registered"))
 
 
 def schema_note() -> str:

@@ -82,6 +82,14 @@ assert importlib.resources.files('onnx').is_dir()
     assert completed.stdout.split() == ["True"]
 
 
+def test_registering_before_onnx_is_imported_imports_it_once(tmp_path):
+    """register_schemas() imports onnx, whose import the package's hook ends by registering: no deadlock."""
+    code = f"import ort_rmsnorm; print(ort_rmsnorm.register_schemas()); {_REGISTERED}"
+    completed = run_python(code, tmp_path)
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.split() == ["True", "True"]
+
+
 def test_importing_the_package_does_not_import_onnx(tmp_path):
     completed = run_python("import sys, ort_rmsnorm; print('onnx' in sys.modules, 'onnx.defs' in sys.modules)",
                            tmp_path)
