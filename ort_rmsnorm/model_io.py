@@ -31,7 +31,7 @@ from .contract import MS_DOMAIN, ONNX_DOMAINS, ORT_SIMPLIFIED_LAYER_NORM
 PROTOBUF_LIMIT_BYTES = 2**31 - 1
 # protobuf's parsers (upb in Python, the C++ one in onnxruntime) refuse messages nested deeper than this.
 PROTOBUF_NESTING_LIMIT = 100
-_NESTING_MARKERS = ("MaxDepth", "recursion limit", "Recursion limit")
+_NESTING_MARKERS = ("MaxDepth", "recursion limit", "Recursion limit", "levels of nesting")  # upb, C++, Python
 # Tensors at or above this size go to the external data file when the output uses external data (onnx's default).
 EXTERNAL_DATA_THRESHOLD_BYTES = 1024
 # onnxruntime registers these ops (the `--target ort` output) in the default ONNX domain, where onnx.checker does not

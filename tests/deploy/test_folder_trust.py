@@ -67,6 +67,7 @@ def _no_secret(out: Path) -> None:
 # --- links out, special files, loops ------------------------------------------------------------------------------
 
 
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="no /proc")
 def test_link_to_the_process_environment_is_refused(tmp_path):
     folder = _model_folder(tmp_path)
     (folder / "tokenizer_config.json").symlink_to("/proc/self/environ")
