@@ -22,9 +22,10 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Iterator
 
-STAGED, PREVIOUS = ".tmp-", ".old-"
+STAGED, PREVIOUS, KEPT = ".tmp-", ".old-", ".kept-"
 """A temporary of the output ``NAME`` is named ``.NAME`` + marker + random characters, in ``NAME``'s directory:
-``STAGED`` while it is written, ``PREVIOUS`` for a replaced output folder on its way out."""
+``STAGED`` while it is written, ``PREVIOUS`` for a replaced output folder on its way out. ``KEPT`` names what a
+replaced folder held beyond what its ``discard`` removes: not a temporary, it is the user's to look at."""
 
 
 def temporary_prefix(output: Path, marker: str = STAGED) -> str:
@@ -168,7 +169,7 @@ def publish_folder(staging: Path, destination: Path, *, replace: bool,
     """Moves the complete (flushed) staging folder to ``destination``. An absent or empty ``destination`` is replaced
     by the rename; a non-empty one only with ``replace`` (else :class:`NotEmptyError`), swapped out in one step where
     the system can (:func:`exchange`), else moved aside first; then ``discard(previous folder)`` removes what it may
-    of it. Whatever it leaves (and all of it, if interrupted) is moved to a ``.NAME.old-*`` folder next to
+    of it. Whatever it leaves (all of it, if interrupted) is moved to a ``.NAME.kept-*`` folder next to
     ``destination``, which is returned (None when nothing was left)."""
     kept = None
     if not destination.exists() or not any(destination.iterdir()):
@@ -194,13 +195,18 @@ def publish_folder(staging: Path, destination: Path, *, replace: bool,
         kept = _retire(previous / "folder", destination, discard, aside=previous)
         if kept is None:
             os.rmdir(previous)
+        else:
+            kept = Path(tempfile.mkdtemp(dir=destination.parent, prefix=temporary_prefix(destination, KEPT)))
+            os.replace(previous / "folder", kept / "folder")
+            os.rmdir(previous)
     fsync(destination.parent)
     return kept
 
 
 def _retire(previous: Path, destination: Path, discard: Callable[[Path], None], *, aside: Path | None) -> Path | None:
     """Removes the replaced folder ``previous`` with ``discard``; what is left (all of it when interrupted) stays in
-    (or is moved to) the ``.NAME.old-*`` folder ``aside``, which is returned."""
+    the ``.NAME.old-*`` folder ``aside`` (the caller moves it on) or is moved to a ``.NAME.kept-*`` folder; returns
+    that folder."""
     try:
         discard(previous)
     finally:
@@ -208,6 +214,6 @@ def _retire(previous: Path, destination: Path, discard: Callable[[Path], None], 
         if os.path.lexists(previous):
             kept = aside
             if kept is None:
-                kept = Path(tempfile.mkdtemp(dir=destination.parent, prefix=temporary_prefix(destination, PREVIOUS)))
+                kept = Path(tempfile.mkdtemp(dir=destination.parent, prefix=temporary_prefix(destination, KEPT)))
                 os.replace(previous, kept / "folder")
     return kept

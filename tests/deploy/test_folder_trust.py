@@ -313,7 +313,7 @@ def test_files_added_while_replacing_are_kept(tmp_path, monkeypatch, exchange):
     report = folders.fuse_folder(folder, out, replace=True)
     assert not (out / "added.txt").exists() and (out / folders.MANIFEST).is_file()
     kept = _leftovers(tmp_path)
-    assert len(kept) == 1 and kept[0].startswith(".out.old-")
+    assert len(kept) == 1 and kept[0].startswith(".out.kept-")
     assert os.listdir(tmp_path / kept[0] / "folder") == ["added.txt"]  # only what fuse had not written
     assert any(kept[0] in note and "kept" in note for note in report.notes)
 
