@@ -75,7 +75,7 @@ class Spelling:
     mean: str = "mean"  # mean | sum_div | sum_mul | sumsq_div | sumsq_mul | global_average_pool (axes: [2, rank))
     axes: tuple = (-1,)
     keepdims: str = "default"  # default | explicit | zero
-    eps: str = "add"  # add | add_swapped | constant_node | castlike | outside | none | input
+    eps: str = "add"  # add | add_swapped | constant_node | castlike | castlike_x | outside | none | input
     inverse: str = "reciprocal"  # div | reciprocal | reciprocal_swapped | div_one | pow_half
     upcast: bool = False  # Cast x to float32 before the square (the Hugging Face pattern; a no-op for float32 x)
     separate_casts: bool = False  # with upcast: one Cast for the square, another for the division (TorchScript T5)
@@ -174,6 +174,8 @@ def add_norm(
         extra_inputs.append(eps)
     elif s.eps == "castlike":
         eps = g.op("CastLike", g.constant(np.array(s.epsilon, np.float64)), mean_square)
+    elif s.eps == "castlike_x":  # flax's nnx.RMSNorm through jax2onnx
+        eps = g.op("CastLike", g.constant(np.array(s.epsilon, np.float64)), x)
     elif s.eps != "none":
         eps = g.constant(np.array(s.epsilon, compute), "constant" if s.eps == "constant_node" else None)
     if s.eps == "outside":
