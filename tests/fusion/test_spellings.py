@@ -99,9 +99,10 @@ SPELLINGS = {
     "tf-factor-float32-output": Spelling(factor="inverse_first", dtype="float16", upcast=True, cast_back=False),
     "tf-factor-cast-to-float16": Spelling(factor="inverse_first", dtype="float16", upcast=True, factor_cast=True),
     "global-average-pool-rank-3": Spelling(mean="global_average_pool", opset=17),
-    # jax2onnx 0.17 (opset 23): flax's nnx.RMSNorm, and x * jax.lax.rsqrt(jnp.mean(jnp.square(x), -1) + eps) * w.
-    "jax2onnx-flax-rmsnorm": Spelling(square="mul", eps="castlike_x", inverse="div", opset=23),
-    "jax2onnx-jnp-rsqrt": Spelling(square="mul", inverse="div_one", opset=23),
+    # jax2onnx 0.17: flax's nnx.RMSNorm, and x * jax.lax.rsqrt(jnp.mean(jnp.square(x), -1) + eps) * w (its opset 23
+    # spells them as opset 18 does; 18 here, so that the oldest onnxruntime allowed runs them too).
+    "jax2onnx-flax-rmsnorm": Spelling(square="mul", eps="castlike_x", inverse="div"),
+    "jax2onnx-jnp-rsqrt": Spelling(square="mul", inverse="div_one"),
     "global-average-pool-rank-4-two-axes": Spelling(
         mean="global_average_pool", axes=(-2, -1), shape=("B", 2, 3, 8), run_shape=(2, 2, 3, 8)
     ),
