@@ -76,6 +76,8 @@ class FusionSession:
         """The phase of rules running (``_rule_set``): a near miss of a later phase is that of a smaller form."""
         self.fused: list[FusedNode] = []
         self._near_misses: dict[tuple, NearMiss] = {}
+        self._missed: set[ir.Node] = set()
+        """The anchors of the near misses recorded (:meth:`has_near_miss`)."""
         self.notes: list[str] = list(notes)
 
     # ---- during matching ----
@@ -96,6 +98,11 @@ class FusionSession:
         if entry is None:
             entry = self._near_misses[key] = NearMiss(self.location(context.graph_or_function), error.reason, [])
         entry.seen.append((self.phase, rule, list(context.nodes), met if met is not None else context.root))
+        self._missed.add(anchor)
+
+    def has_near_miss(self, anchor: ir.Node) -> bool:
+        """Whether a rule already said why the candidate identified by ``anchor`` stays."""
+        return anchor in self._missed
 
     def fused_norm(
         self,
