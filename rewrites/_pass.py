@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import onnx
 import onnx_ir as ir
-import onnx_ir.passes.common as common_passes
 from onnxscript.rewriter import pattern
 
 from ort_rmsnorm.contract import DEFAULT_TARGET, NORM_OPS, SKIP_NORM_OPS, qualified
@@ -16,6 +14,7 @@ from ort_rmsnorm.model_types import TypeTable, infer_types
 from ._annotations import Annotations, visiting_order
 from ._cleanup import between_phases, finish
 from ._facts import Facts, label
+from ._opset_upgrade import upgrade_default_opset
 from ._report import FusionReport
 from ._rule_set import PhasedRuleSet, build_phases
 from ._session import FusionSession
@@ -57,8 +56,7 @@ def fuse_model(
     notes = list(notes)
     current = default_opset(model.graph, model)
     if chosen.opset is not None and allow_opset_upgrade and current < chosen.opset:
-        upgrade_default_opset(model, chosen.opset)
-        notes.append(f"default opset upgraded from {current} to {chosen.opset} with onnx.version_converter")
+        notes += upgrade_default_opset(model, chosen.opset)
     session = FusionSession(chosen, Facts(infer_types(model)), scopes(model), visiting_order(model), notes)
     annotations = Annotations(model)
     rule_set = PhasedRuleSet(build_phases(session), between_phases=lambda: between_phases(session))
@@ -83,53 +81,3 @@ def _norm_ops_left(model: ir.Model, session: FusionSession) -> None:
         else:
             reason = f"{op} {label(node)} stays: the pass does not convert it to the {target.name} target's ops"
         session.left_alone(scope.graph, node, f"Left[{op}]", reason)
-
-
-def upgrade_default_opset(model: ir.Model, version: int) -> None:
-    """Converts ``model`` (in place) to default-opset ``version`` with onnx's version converter.
-
-    The converter works on a ModelProto; the main graph's initializers are detached while it runs (passed as typed
-    graph inputs) and re-attached afterwards, so external or large weights are never loaded or copied. It drops
-    model-local functions (onnx 1.23), so a model that has any is refused.
-    """
-    if model.functions:
-        names = ", ".join(f"{function.domain}::{function.name}" for function in model.functions.values())
-        raise ValueError(
-            f"onnx's version converter cannot convert a model with model-local functions ({names}): it drops them; "
-            f"convert the model to opset {version} yourself first"
-        )
-    graph = model.graph
-    weights = dict(graph.initializers)
-    also_inputs = {name for name, value in weights.items() if value.is_graph_input()}
-    for name, value in weights.items():
-        tensor = value.const_value
-        if tensor is not None:
-            value.dtype = value.dtype or tensor.dtype
-            value.shape = value.shape or ir.Shape(tensor.shape)
-        graph.initializers.pop(name)
-        if name not in also_inputs:
-            graph.inputs.append(value)
-    try:
-        converted = ir.serde.deserialize_model(
-            onnx.version_converter.convert_version(ir.serde.serialize_model(model), version)
-        )
-    except Exception as error:
-        raise ValueError(f"onnx's version converter could not convert the model to opset {version}: {error}") from error
-    finally:
-        for name, value in weights.items():
-            if name not in also_inputs:
-                graph.inputs.remove(value)
-            graph.register_initializer(value)
-    # The converter names the values it adds (_v_N) per graph, so that a subgraph may repeat a name of its parent,
-    # which breaks single assignment (onnx 1.23): make the names unique again (graph inputs and outputs keep theirs).
-    common_passes.NameFixPass()(converted)
-    placeholders = {value.name: value for value in converted.graph.inputs}
-    for name, value in weights.items():
-        placeholder = placeholders[name]
-        if name not in also_inputs:
-            converted.graph.inputs.remove(placeholder)
-        placeholder.const_value = value.const_value
-        converted.graph.register_initializer(placeholder)
-    model.graph = converted.graph
-    minimum = onnx.helper.find_min_ir_version_for([onnx.helper.make_opsetid("", version)])
-    model.ir_version = max(model.ir_version or 0, minimum)
