@@ -19,7 +19,7 @@ import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
 from ort_rmsnorm.contract import ONNX_DOMAINS, OP_DOMAIN
-from ort_rmsnorm.model_graphs import walk
+from ort_rmsnorm.model_graphs import values_of, walk
 
 from ._facts import label
 from ._targets import default_opset
@@ -47,6 +47,7 @@ def upgrade_default_opset(model: ir.Model, version: int) -> list[str]:
         )
     current = default_opset(model.graph, model)
     aside = _without_schema(model, current)
+    annotated = [{value.name for value in values_of(graph) if value.type is not None} for graph in model.graphs()]
     graph = model.graph
     weights = dict(graph.initializers)
     also_inputs = {name for name, value in weights.items() if value.is_graph_input()}
@@ -80,6 +81,13 @@ def upgrade_default_opset(model: ir.Model, version: int) -> list[str]:
     for _, node in walk(converted):
         if node.domain in _BACK:
             node.domain = _BACK[node.domain]
+    # The converter runs ONNX's shape inference and stores what it found (symbols it invents, unk__N, included): the
+    # model keeps only its own annotations.
+    for graph, names in zip(converted.graphs(), annotated):
+        for node in graph:
+            for value in node.outputs:
+                if value.name not in names:
+                    value.type, value.shape = None, None
     for domain in _BACK:
         converted.opset_imports.pop(domain, None)
     # The converter names the values it adds (_v_N) per graph, so that a subgraph may repeat a name of its parent,
