@@ -21,7 +21,9 @@ from ._session import FusionSession
 from ._targets import default_opset, get_target
 
 
-def rules(target: str = DEFAULT_TARGET, *, types: TypeTable | None = None) -> pattern.RewriteRuleSet:
+def rules(
+    target: str = DEFAULT_TARGET, *, types: TypeTable | None = None, through_qdq: bool = False
+) -> pattern.RewriteRuleSet:
     """The fusion rules for ``target`` as an onnxscript RewriteRuleSet, to compose with other rewrites (it applies
     its phases one after the other, see ``_rule_set``).
 
@@ -30,9 +32,11 @@ def rules(target: str = DEFAULT_TARGET, *, types: TypeTable | None = None) -> pa
     way there is no report and onnxscript's own clean-up runs (it renames unnamed values and removes every unused
     node); :func:`fuse_model` does neither. A residual fusion puts the skip op where the norm was, which may be after
     other readers of the Add's output: run onnx_ir's TopologicalSortPass afterwards (``fuse_model`` sorts where
-    needed).
+    needed). ``through_qdq``: as for :func:`fuse_model`.
     """
-    session = FusionSession(get_target(target), Facts(types if types is not None else TypeTable()))
+    session = FusionSession(
+        get_target(target), Facts(types if types is not None else TypeTable()), through_qdq=through_qdq
+    )
     return PhasedRuleSet(build_phases(session))
 
 
@@ -41,6 +45,7 @@ def fuse_model(
     target: str = DEFAULT_TARGET,
     *,
     allow_opset_upgrade: bool = False,
+    through_qdq: bool = False,
     notes: Sequence[str] = (),
 ) -> FusionReport:
     """Fuses every decomposed RMSNorm (and residual Add before one) in ``model``, in place; returns the report.
@@ -50,14 +55,19 @@ def fuse_model(
     ``custom`` (ort_rmsnorm.RMSNorm/SkipRMSNorm), ``onnx`` (RMSNormalization, opset 23) or ``ort`` (onnxruntime's
     SimplifiedLayerNormalization and com.microsoft.SkipSimplifiedLayerNormalization). With ``target="onnx"`` and a
     model below opset 23, ``allow_opset_upgrade=True`` first converts the model with onnx's version converter;
-    otherwise each norm is reported as skipped. ``notes`` open the report's notes (what reading the model did).
+    otherwise each norm is reported as skipped. ``through_qdq=True`` fuses norms across the
+    QuantizeLinear/DequantizeLinear pairs inside them (an int8 QDQ model's), keeping those at their boundaries; the
+    fusion's ``roundings`` list the pairs dropped (otherwise such norms are reported as skipped). ``notes`` open the
+    report's notes (what reading the model did).
     """
     chosen = get_target(target)
     notes = list(notes)
     current = default_opset(model.graph, model)
     if chosen.opset is not None and allow_opset_upgrade and current < chosen.opset:
         notes += upgrade_default_opset(model, chosen.opset)
-    session = FusionSession(chosen, Facts(infer_types(model)), scopes(model), visiting_order(model), notes)
+    session = FusionSession(
+        chosen, Facts(infer_types(model)), scopes(model), visiting_order(model), notes, through_qdq=through_qdq
+    )
     annotations = Annotations(model)
     rule_set = PhasedRuleSet(build_phases(session), between_phases=lambda: between_phases(session))
     rule_set.remove_unused_nodes = False  # the session removes exactly what the fusions made dead, nothing else

@@ -195,6 +195,7 @@ def test_unwritable_report_path_is_refused_before_the_model_is_written(cli, smal
         (["frobnicate"], "ort-rmsnorm: error: argument COMMAND: invalid choice: 'frobnicate'"),
         (["fuse", "in.onnx", "o.onnx", "--verify", "--dim", "batch"], "--dim 'batch': expected NAME=VALUE"),
         (["fuse", "in.onnx", "o.onnx", "--dim", "batch=2"], "--dim and --input only set the inputs of --verify"),
+        (["fuse", "in.onnx", "o.onnx", "--through-qdq", "--verify"], "--through-qdq drops roundings that IN makes"),
     ],
 )
 def test_usage_errors_exit_2_with_one_line(cli, tmp_path, arguments, message):
