@@ -145,6 +145,9 @@ def add_fuse_arguments(parser: argparse.ArgumentParser) -> None:
                              "ort: onnxruntime's SimplifiedLayerNormalization")
     parser.add_argument("--convert-opset", action="store_true",
                         help="with --target onnx: convert a model below opset 23 to opset 23")
+    parser.add_argument("--through-qdq", action="store_true",
+                        help="fuse norms across the QuantizeLinear/DequantizeLinear pairs inside them (int8 QDQ "
+                             "models), dropping those roundings; the pairs at a norm's input and output stay")
     parser.add_argument("--report", type=_output_file, metavar="REPORT.json",
                         help="write the fusion report as JSON (for a folder: one report, per model)")
     parser.add_argument("--replace", action="store_true",
@@ -160,6 +163,10 @@ def add_fuse_arguments(parser: argparse.ArgumentParser) -> None:
 def run_fuse(args: argparse.Namespace) -> int:
     if not args.verify and (args.dim or args.inputs):
         raise UsageError("--dim and --input only set the inputs of --verify: add --verify, or leave them out")
+    if args.verify and args.through_qdq:
+        raise UsageError("--verify compares OUT with IN within float tolerances, and --through-qdq drops roundings "
+                         "that IN makes (quantization steps): compare OUT with the model before quantization "
+                         "instead (docs/fusion.md, \"Quantized models\")")
     verification_inputs = read_verification_inputs(args) if args.verify else None
     if args.source.is_dir():
         return run_fuse_folder(args, verification_inputs)
@@ -172,8 +179,8 @@ def run_fuse(args: argparse.Namespace) -> int:
     note_leftover_temporaries(args.destination)
     progress = Progress(args.quiet)
     fused = fuse_file(args.source, args.destination, args.target, report_path=args.report,
-                      allow_opset_upgrade=args.convert_opset, progress=progress.stage,
-                      on_tensor_written=progress.tensors_written, wording=for_cli)
+                      allow_opset_upgrade=args.convert_opset, through_qdq=args.through_qdq,
+                      progress=progress.stage, on_tensor_written=progress.tensors_written, wording=for_cli)
     progress.stage("done")
 
     print(printable_lines(for_cli(fused.report.summary())))
@@ -214,6 +221,7 @@ def run_fuse_folder(args: argparse.Namespace, verification_inputs: VerificationI
     progress = Progress(args.quiet)
     report = folders.fuse_folder(args.source, args.destination, args.target, replace=args.replace,
                                  follow_symlinks=args.follow_symlinks, allow_opset_upgrade=args.convert_opset,
+                                 through_qdq=args.through_qdq,
                                  progress=progress.stage, on_tensor_written=progress.tensors_written)
     if args.report is not None:
         model_io.write_text_atomically(args.report, for_cli(report.to_json()))

@@ -31,7 +31,6 @@ from ._facts import (
 from ._patterns import (
     DIVISIONS,
     FACTORS,
-    QUANTIZED,
     STATISTIC_CASTS,
     cast,
     divided,
@@ -41,6 +40,7 @@ from ._patterns import (
     quantized,
     rms_and_inverse,
 )
+from ._quantized import numerator_roundings, quantized_roundings
 from ._rule import NormRule
 from ._scales import scale_spec
 from ._session import FusionSession
@@ -106,9 +106,15 @@ class RMSNormFusion(NormRule):
 
     def check(self, context, x, scale, x_num=None, **bindings):
         reduce_node = bindings["reduced"].producer()
+        numerator = []  # the roundings of a Q/DQ pair on the divided value only
         if x_num is not None and not _same_input(x, x_num, self._session.facts):  # x / rms(y) is no RMSNorm
-            return self._other_numerator(context, x, x_num, scale, bindings, reduce_node)
-        analyze = lambda: self._analyze(context, x, scale, bindings)  # noqa: E731
+            try:
+                numerator = numerator_roundings(x, x_num, self._session.facts, self._session.through_qdq)
+            except NotFusable as error:
+                return self._decline(context, error, reduce_node)
+            if numerator is None:
+                return self._other_numerator(context, x, x_num, scale, bindings, reduce_node)
+        analyze = lambda: self._analyze(context, x, scale, bindings, numerator)  # noqa: E731
         return self._adapted(context, bindings, analyze, anchor=reduce_node)
 
     def _other_numerator(self, context, x, x_num, scale, bindings, reduce_node) -> pattern.MatchResult:
@@ -145,17 +151,10 @@ class RMSNormFusion(NormRule):
 
     # ---- the checks ----
 
-    def _analyze(self, context, x: ir.Value, scale: ir.Value | None, b: dict) -> NormSpec:
+    def _analyze(self, context, x: ir.Value, scale: ir.Value | None, b: dict, numerator: list[str]) -> NormSpec:
         facts = self._session.facts
         reduce_node = b["reduced"].producer()
-        # The first pair in the data's order names the reason (every form of the norm then gives the same one).
-        first = next((name for name in QUANTIZED if b.get(name) is not None), None)
-        if first is not None:
-            raise NotFusable(
-                f"a QuantizeLinear/DequantizeLinear pair inside the norm rounds {QUANTIZED[first]} to its quantized "
-                "type: the fused op would not",
-                b[first].producer(),
-            )
+        quantized = quantized_roundings(b, facts, self._session.through_qdq) + numerator
         if b.get("exponent") is not None:
             exponent = require_scalar(b["exponent"], "the square's exponent", facts, None)
             if exponent != 2:
@@ -176,7 +175,7 @@ class RMSNormFusion(NormRule):
             raise NotFusable("Pow(ms + eps, p) with p != -0.5 is not the inverse of the rms", b["minus_half"])
         _reject_centered(x, axis, rank, facts)
         _check_intermediates(context)
-        roundings = _statistic_roundings(b, facts)
+        roundings = quantized + _statistic_roundings(b, facts)
         fused_x = _fused_input(x, context.output_values[0], b, facts)
         if self.form in FACTORS:
             roundings += _factor_roundings(b, facts)

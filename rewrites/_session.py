@@ -58,7 +58,7 @@ class FusionSession:
     ``facts`` should come from :func:`infer_types`; without it only the model's own annotations are known and more
     candidates are skipped for unknown shapes. ``scopes`` and ``order`` (:mod:`ort_rmsnorm.model_graphs`) name where
     each graph lies and order the report as the rewriter meets the nodes; without them graphs are named by their
-    own names. ``notes`` open the report."""
+    own names. ``notes`` open the report. ``through_qdq``: see ``_quantized``."""
 
     def __init__(
         self,
@@ -67,8 +67,11 @@ class FusionSession:
         scopes: Sequence[Scope] = (),
         order: dict[ir.Node, int] | None = None,
         notes: Sequence[str] = (),
+        through_qdq: bool = False,
     ):
         self.target = target
+        self.through_qdq = through_qdq
+        """Fuse norms across the QuantizeLinear/DequantizeLinear pairs inside them (``_quantized``)."""
         self.facts = facts
         self._locations = {id(scope.graph): scope.location for scope in scopes}
         self._order = order or {}

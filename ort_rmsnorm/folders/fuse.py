@@ -175,6 +175,7 @@ def fuse_folder(
     replace: bool = False,
     follow_symlinks: bool = False,
     allow_opset_upgrade: bool = False,
+    through_qdq: bool = False,
     progress: Callable[[str], None] | None = None,
     on_tensor_written: Callable[[int, int], None] | None = None,
 ) -> FolderReport:
@@ -188,7 +189,7 @@ def fuse_folder(
         target: ``"custom"``, ``"onnx"`` or ``"ort"`` (as :func:`ort_rmsnorm.fuse`).
         follow_symlinks: also read through links that lead out of ``source`` to regular files or folders (a Hugging
             Face cache snapshot); device files, FIFOs, sockets and loops stay refused.
-        allow_opset_upgrade: as :func:`ort_rmsnorm.fuse`.
+        allow_opset_upgrade, through_qdq: as :func:`ort_rmsnorm.fuse`.
         progress: called with one line per stage (each model loaded, fused, written).
         on_tensor_written: ``(index, total)`` while a model's external data is written.
 
@@ -206,8 +207,8 @@ def fuse_folder(
     except OSError as error:
         raise FolderError(f"{destination}: cannot write in {destination.parent}: {error.strerror or error}") from None
     try:
-        _fill(layout, staging, report, target, allow_opset_upgrade=allow_opset_upgrade, say=say,
-              on_tensor_written=on_tensor_written)
+        _fill(layout, staging, report, target, allow_opset_upgrade=allow_opset_upgrade, through_qdq=through_qdq,
+              say=say, on_tensor_written=on_tensor_written)
         manifest.write(staging, target)
         say(f"writing {destination}")
         durable.fsync_tree(staging)
@@ -257,7 +258,8 @@ def _read_linked_data_in_place(model: ir.Model, contents: Contents) -> bool:
 
 
 def _fill(layout: Layout, staging: Path, report: FolderReport, target: str, *, allow_opset_upgrade: bool,
-          say: Callable[[str], None], on_tensor_written: Callable[[int, int], None] | None) -> None:
+          through_qdq: bool, say: Callable[[str], None],
+          on_tensor_written: Callable[[int, int], None] | None) -> None:
     """Writes the fused folder into ``staging``: the fused models (each model file read once, before anything is
     written), the files copied as they are, the library and the genai config where the models need them."""
     count = len(layout.components)
@@ -274,7 +276,7 @@ def _fill(layout: Layout, staging: Path, report: FolderReport, target: str, *, a
         model = loaded.pop(component.path)
         say(f"[{index}/{count}] fusing {component.path} (target {target})")
         try:
-            fusion_report = model.fuse(target, allow_opset_upgrade=allow_opset_upgrade)
+            fusion_report = model.fuse(target, allow_opset_upgrade=allow_opset_upgrade, through_qdq=through_qdq)
         except ModelFileError as error:  # onnx's version converter refusing the model
             raise FolderError(str(error)) from None
         say(f"[{index}/{count}] writing {component.path}: {len(fusion_report.fusions)} fused, "
