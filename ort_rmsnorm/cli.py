@@ -1,8 +1,10 @@
-"""The ``ort-rmsnorm`` command line: ``fuse``, ``verify``, ``demo``, ``bench``, ``info``.
+"""The ``ort-rmsnorm`` command line: ``fuse``, ``verify``, ``demo``, ``bench``, ``info``, ``tool``.
 
 Each subcommand is a :class:`Command`: a function that adds its arguments to its parser and a function that runs it
 and returns the exit status (:mod:`ort_rmsnorm.command_line`: errors on one line, exit statuses). Heavy modules
-(onnxscript, torch) are imported only by the subcommands that need them.
+are imported only by the subcommands that need them: only the subcommand named on the command line gets its
+arguments added (some read their defaults from the modules that run them), so ``--help``, ``--version`` and
+``fuse --help`` import neither numpy nor onnxruntime.
 """
 
 from __future__ import annotations
@@ -13,8 +15,6 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .bench.arguments import HELP as BENCH_HELP  # imports neither torch nor onnxscript
-from .bench.arguments import add_bench_arguments
 from .command_line import (
     EXIT_MISMATCH,
     EXIT_OK,
@@ -24,10 +24,14 @@ from .command_line import (
     Progress,
     UsageError,
     exit_with,
+    for_cli,
     make_directory,
+    printable,
+    printable_lines,
     run_program,
 )
-from .contract import DEFAULT_TARGET, TARGETS
+from .bench.about import HELP as BENCH_HELP
+from .contract import DEFAULT_TARGET, OPTIMIZATION_LEVEL_NAMES, TARGETS
 
 __all__ = ["COMMANDS", "EXIT_MISMATCH", "EXIT_OK", "EXIT_USAGE", "Command", "build_parser", "console_main", "main"]
 
@@ -66,16 +70,23 @@ def _seed(text: str) -> int:
     return int(text)
 
 
-def add_verify_input_arguments(parser: argparse.ArgumentParser) -> None:
-    from .verify import OPTIMIZATION_LEVELS
+def _output_file(text: str) -> Path:
+    """An output path (a file, or a folder to be made) whose directory exists: checked as the arguments are read,
+    before any model is loaded."""
+    path = Path(text)
+    if text and not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{path}: the directory {path.parent} does not exist")
+    return path
 
+
+def add_verify_input_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("verification inputs")
     group.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
                        help="size of a symbolic input dim (default: batch 2, *past* 0, others 4); repeatable")
     group.add_argument("--input", dest="inputs", action="append", default=[], metavar="NAME=FILE.npy",
                        help="use this array for an input instead of generated values; repeatable")
     group.add_argument("--seed", type=_seed, default=0, help="seed of the generated inputs (default 0)")
-    group.add_argument("--optimization", choices=list(OPTIMIZATION_LEVELS), default="all",
+    group.add_argument("--optimization", choices=OPTIMIZATION_LEVEL_NAMES, default="all",
                        help="onnxruntime graph optimizations for both sessions (default all)")
 
 
@@ -102,9 +113,9 @@ def run_verification(original: Path, fused: Path, inputs: VerificationInputs, ar
         result = verify.verify(original, fused, dims=inputs.dims, inputs=inputs.arrays, seed=args.seed,
                                optimization=args.optimization)
     except verify.FusedModelError as error:
-        print(f"verify: MISMATCH: {error}")
+        print(printable_lines(f"verify: MISMATCH: {error}"))
         return EXIT_MISMATCH
-    print(result.describe())
+    print(printable_lines(result.describe()))
     return EXIT_OK if result.ok else EXIT_MISMATCH
 
 
@@ -112,8 +123,9 @@ def run_folder_verification(original: Path, fused: Path, inputs: VerificationInp
     from .folders import verify_folder
 
     result = verify_folder(original, fused, dims=inputs.dims, inputs=inputs.arrays, seed=args.seed,
-                           optimization=args.optimization, progress=Progress(args.quiet).stage)
-    print(result.describe())
+                           optimization=args.optimization, follow_symlinks=args.follow_symlinks,
+                           progress=Progress(args.quiet).stage)
+    print(printable_lines(result.describe()))
     return EXIT_OK if result.ok else EXIT_MISMATCH
 
 
@@ -124,18 +136,24 @@ def add_fuse_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", type=Path, metavar="IN",
                         help="model to fuse (IN.onnx), or a folder of models: an onnxruntime-genai folder or any "
                              "folder of .onnx files (never modified)")
-    parser.add_argument("destination", type=Path, metavar="OUT",
+    parser.add_argument("destination", type=_output_file, metavar="OUT",
                         help="fused model, written atomically, external data going to OUT.onnx.data; for a folder, "
-                             "the output folder, written atomically, which must not exist or be empty")
+                             "the output folder, written atomically, which must not exist or be empty (or, with "
+                             "--replace, be a folder fuse wrote)")
     parser.add_argument("--target", choices=TARGETS, default=DEFAULT_TARGET,
                         help="custom: ort_rmsnorm.RMSNorm/SkipRMSNorm (default); onnx: RMSNormalization (opset 23); "
                              "ort: onnxruntime's SimplifiedLayerNormalization")
     parser.add_argument("--convert-opset", action="store_true",
                         help="with --target onnx: convert a model below opset 23 to opset 23")
-    parser.add_argument("--report", type=Path, metavar="REPORT.json",
+    parser.add_argument("--through-qdq", action="store_true",
+                        help="fuse norms across the QuantizeLinear/DequantizeLinear pairs inside them (int8 QDQ "
+                             "models), dropping those roundings; the pairs at a norm's input and output stay")
+    parser.add_argument("--report", type=_output_file, metavar="REPORT.json",
                         help="write the fusion report as JSON (for a folder: one report, per model)")
     parser.add_argument("--replace", action="store_true",
-                        help="for a folder: replace an existing non-empty output folder as a whole")
+                        help="for a folder: replace an output folder that fuse wrote (it carries ort-rmsnorm.json "
+                             "and nothing else was added to it); any other non-empty folder is refused")
+    add_follow_symlinks_argument(parser)
     parser.add_argument("--verify", action="store_true",
                         help="then run IN and OUT on the same inputs and compare (as `verify`)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
@@ -145,21 +163,27 @@ def add_fuse_arguments(parser: argparse.ArgumentParser) -> None:
 def run_fuse(args: argparse.Namespace) -> int:
     if not args.verify and (args.dim or args.inputs):
         raise UsageError("--dim and --input only set the inputs of --verify: add --verify, or leave them out")
+    if args.verify and args.through_qdq:
+        raise UsageError("--verify compares OUT with IN within float tolerances, and --through-qdq drops roundings "
+                         "that IN makes (quantization steps): compare OUT with the model before quantization "
+                         "instead (docs/fusion.md, \"Quantized models\")")
     verification_inputs = read_verification_inputs(args) if args.verify else None
     if args.source.is_dir():
         return run_fuse_folder(args, verification_inputs)
     if args.replace:
         raise UsageError("--replace is for folders (IN is a folder); an existing OUT.onnx is replaced anyway")
+    if args.follow_symlinks:
+        raise UsageError("--follow-symlinks is for folders (IN is a folder); a model file is read through its links")
     from .fusion import fuse_file  # the pass (onnxscript) is imported after the input checks, which fail fast
 
     note_leftover_temporaries(args.destination)
     progress = Progress(args.quiet)
     fused = fuse_file(args.source, args.destination, args.target, report_path=args.report,
-                      allow_opset_upgrade=args.convert_opset, progress=progress.stage,
-                      on_tensor_written=progress.tensors_written)
+                      allow_opset_upgrade=args.convert_opset, through_qdq=args.through_qdq,
+                      progress=progress.stage, on_tensor_written=progress.tensors_written, wording=for_cli)
     progress.stage("done")
 
-    print(fused.report.summary())
+    print(printable_lines(for_cli(fused.report.summary())))
     print(f"wrote {args.destination}" + (f" (external data: {fused.data_file})" if fused.data_file else "")
           + (f", report {args.report}" if args.report is not None else ""))
     if not args.verify:
@@ -168,14 +192,21 @@ def run_fuse(args: argparse.Namespace) -> int:
     return run_verification(args.source, args.destination, verification_inputs, args)
 
 
+def add_follow_symlinks_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--follow-symlinks", action="store_true",
+                        help="for a folder: also read through symbolic links that lead out of it to regular files "
+                             "or folders (a Hugging Face cache snapshot, whose files link to ../../blobs/); without "
+                             "it such links are refused, and device files, FIFOs, sockets and link loops always are")
+
+
 def note_leftover_temporaries(destination: Path) -> None:
     """A note on stderr for each temporary of ``destination`` already there. They are not removed: one left by a
     killed run looks the same as one a run writing the same output right now is using."""
     from .durable import leftover_temporaries
 
     for path in leftover_temporaries(destination):
-        print(f"{PROG} fuse: note: {path}: a temporary left by an interrupted run (or one writing {destination} now); "
-              "remove it when no run is writing there", file=sys.stderr)
+        print(printable(f"{PROG} fuse: note: {path}: a temporary left by an interrupted run (or one writing "
+                        f"{destination} now); remove it when no run is writing there"), file=sys.stderr)
 
 
 def run_fuse_folder(args: argparse.Namespace, verification_inputs: VerificationInputs | None) -> int:
@@ -189,12 +220,14 @@ def run_fuse_folder(args: argparse.Namespace, verification_inputs: VerificationI
     note_leftover_temporaries(args.destination)
     progress = Progress(args.quiet)
     report = folders.fuse_folder(args.source, args.destination, args.target, replace=args.replace,
-                                 allow_opset_upgrade=args.convert_opset, progress=progress.stage,
-                                 on_tensor_written=progress.tensors_written)
+                                 follow_symlinks=args.follow_symlinks, allow_opset_upgrade=args.convert_opset,
+                                 through_qdq=args.through_qdq,
+                                 progress=progress.stage, on_tensor_written=progress.tensors_written)
     if args.report is not None:
-        model_io.write_text_atomically(args.report, report.to_json())
-    print(report.summary())
-    print(f"wrote {args.destination}" + (f", report {args.report}" if args.report is not None else ""))
+        model_io.write_text_atomically(args.report, for_cli(report.to_json()))
+    print(printable_lines(for_cli(report.summary())))
+    print(printable_lines(f"wrote {args.destination}" + (f", report {args.report}" if args.report is not None
+                                                          else "")))
     if not args.verify:
         return EXIT_OK
     progress.stage(f"verifying {args.destination} against {args.source}")
@@ -210,10 +243,13 @@ def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("fused", type=Path, metavar="FUSED",
                         help="the fused model, or the folder `fuse` wrote: each of its models is compared")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr (folders)")
+    add_follow_symlinks_argument(parser)
     add_verify_input_arguments(parser)
 
 
 def run_verify(args: argparse.Namespace) -> int:
+    if args.follow_symlinks and not args.original.is_dir():
+        raise UsageError("--follow-symlinks is for folders (ORIGINAL is a folder)")
     return run_verification(args.original, args.fused, read_verification_inputs(args), args)
 
 
@@ -275,7 +311,7 @@ def run_info(args: argparse.Namespace) -> int:
 
     import onnxruntime
 
-    from ._library import build_info, get_library_path, package_version
+    from ._library import build_info, cpu_kernel_set, get_library_path, package_version
 
     version = package_version()
     print(f"ort-rmsnorm {version}")
@@ -285,17 +321,66 @@ def run_info(args: argparse.Namespace) -> int:
         print(f"  {key}: {value}")
     if info.get("version") != version:
         print(f"  (this library was built as version {info.get('version')}, not the package's {version})")
-    print(f"onnxruntime {onnxruntime.__version__} (providers: {', '.join(onnxruntime.get_available_providers())})")
+    kernels, how = cpu_kernel_set()
+    print(f"CPU kernels in use: {kernels} ({how})" if kernels else f"CPU kernels in use: none: {how}")
+    providers = onnxruntime.get_available_providers()
+    print(_cuda_line(bool(info.get("cuda")), "CUDAExecutionProvider" in providers, info.get("cuda_architectures")))
+    print(f"onnxruntime {onnxruntime.__version__} (providers: {', '.join(providers)})")
     for package in ("onnx", "onnxscript", "onnx-ir", "numpy", "torch"):
         try:
             print(f"{package} {importlib.metadata.version(package)}")
         except importlib.metadata.PackageNotFoundError:
             print(f"{package}: not installed")
     print(f"python {platform.python_version()} ({sys.executable})")
+    from .schemas import schema_note
+
+    print(f"onnx schemas: {schema_note()}")
     return EXIT_OK
 
 
-# --- the parser ---------------------------------------------------------------------------------------------------
+# --- tool ---------------------------------------------------------------------------------------------------------
+
+
+def add_tool_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("module", metavar="MODULE",
+                        help="the tool's module, run as `python -m MODULE`, e.g. onnxruntime.quantization.preprocess")
+    parser.add_argument("args", nargs=argparse.REMAINDER, metavar="ARG", help="the tool's arguments")
+
+
+def run_tool(args: argparse.Namespace) -> int:
+    from .tooling import run_tool as run
+
+    try:
+        return run(args.module, args.args)
+    except ModuleNotFoundError as error:
+        if error.name != args.module:
+            raise  # the tool's own missing import: its traceback tells what to install
+        raise UsageError(str(error)) from None
+
+
+def _cuda_line(built: bool, provider: bool, architectures: str | None) -> str:
+    """Whether the CUDA kernels can run here: they need both a CUDA build of the library and onnxruntime-gpu."""
+    if built and provider:
+        return (f"CUDA kernels: built (architectures {architectures}); this onnxruntime has CUDAExecutionProvider, so "
+                "sessions using it run them (a GPU and a driver for the library's CUDA version are needed)")
+    if built:
+        return (f"CUDA kernels: built (architectures {architectures}), but this onnxruntime has no "
+                "CUDAExecutionProvider: they cannot run here (that needs onnxruntime-gpu instead of onnxruntime)")
+    if provider:
+        return ("CUDA kernels: not built, though this onnxruntime has CUDAExecutionProvider: the norms of sessions "
+                "on the GPU run on the CPU (reinstall with onnxruntime-gpu installed, or with "
+                "CMAKE_ARGS=-DORT_RMSNORM_CUDA=ON)")
+    return "CUDA kernels: not built (this onnxruntime has no CUDAExecutionProvider to run them either)"
+
+
+# --- bench --------------------------------------------------------------------------------------------------------
+
+
+def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    from .bench.arguments import add_bench_arguments as add  # imports neither torch nor onnxscript
+
+    add(parser)
+
 
 def run_bench(args: argparse.Namespace) -> int:
     from .bench.command import run_checked
@@ -309,17 +394,41 @@ COMMANDS = [
     Command("demo", "a small int4 Llama-style model: fuse, verify, time and profile it before and after",
             add_demo_arguments, run_demo),
     Command("bench", BENCH_HELP, add_bench_arguments, run_bench),
-    Command("info", "library path, build info and versions", add_info_arguments, run_info),
+    Command("info", "library path, build info, the kernels in use, versions", add_info_arguments, run_info),
+    Command("tool", "run a Python tool (python -m MODULE) with the library in every onnxruntime session it opens",
+            add_tool_arguments, run_tool),
     # A new subcommand is one more entry here: Command(name, help, add_<name>_arguments, run_<name>).
 ]
 
 
-def build_parser() -> argparse.ArgumentParser:
+# --- the parser ---------------------------------------------------------------------------------------------------
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: the package's version, looked up only when asked."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from ._library import package_version
+
+        print(f"{PROG} {package_version()}")
+        parser.exit()
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser. With ``argv``, only the subcommand it names gets its arguments: adding them imports what that
+    subcommand's defaults come from, which ``--help`` and the other subcommands need not pay for."""
     parser = Parser(prog=PROG, description="Fused RMSNorm for ONNX Runtime.")
+    parser.add_argument("--version", action=_VersionAction, help="print the version and exit")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    # Top-level options take no values, so the first word that is no option names the subcommand.
+    named = next((word for word in argv if not str(word).startswith("-")), None) if argv is not None else None
     for command in COMMANDS:
         subparser = subparsers.add_parser(command.name, help=command.help, description=command.help)
-        command.add_arguments(subparser)
+        if argv is None or command.name == named:
+            command.add_arguments(subparser)
         subparser.set_defaults(run=command.run)
     return parser
 

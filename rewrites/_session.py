@@ -58,7 +58,7 @@ class FusionSession:
     ``facts`` should come from :func:`infer_types`; without it only the model's own annotations are known and more
     candidates are skipped for unknown shapes. ``scopes`` and ``order`` (:mod:`ort_rmsnorm.model_graphs`) name where
     each graph lies and order the report as the rewriter meets the nodes; without them graphs are named by their
-    own names. ``notes`` open the report."""
+    own names. ``notes`` open the report. ``through_qdq``: see ``_quantized``."""
 
     def __init__(
         self,
@@ -67,8 +67,11 @@ class FusionSession:
         scopes: Sequence[Scope] = (),
         order: dict[ir.Node, int] | None = None,
         notes: Sequence[str] = (),
+        through_qdq: bool = False,
     ):
         self.target = target
+        self.through_qdq = through_qdq
+        """Fuse norms across the QuantizeLinear/DequantizeLinear pairs inside them (``_quantized``)."""
         self.facts = facts
         self._locations = {id(scope.graph): scope.location for scope in scopes}
         self._order = order or {}
@@ -77,7 +80,8 @@ class FusionSession:
         self.fused: list[FusedNode] = []
         self._fused_by_node: dict[ir.Node, FusedNode] = {}  # by the node each fusion emitted last (``.node``)
         self._near_misses: dict[tuple, NearMiss] = {}
-        self._anchors: set[ir.Node] = set()  # the anchors of the near misses
+        self._missed: set[ir.Node] = set()
+        """The anchors of the near misses recorded (:meth:`has_near_miss`)."""
         self.notes: list[str] = list(notes)
 
     # ---- during matching ----
@@ -97,8 +101,12 @@ class FusionSession:
         entry = self._near_misses.get(key)
         if entry is None:
             entry = self._near_misses[key] = NearMiss(self.location(context.graph_or_function), error.reason, [])
-            self._anchors.add(anchor)
         entry.seen.append((self.phase, rule, list(context.nodes), met if met is not None else context.root))
+        self._missed.add(anchor)
+
+    def has_near_miss(self, anchor: ir.Node) -> bool:
+        """Whether a rule already said why the candidate identified by ``anchor`` stays."""
+        return anchor in self._missed
 
     def fused_norm(
         self,
@@ -137,11 +145,11 @@ class FusionSession:
 
     def left_alone(self, graph_like: ir.Graph | ir.Function, node: ir.Node, rule: str, reason: str) -> None:
         """A norm op that stays in the model as it is, and why (unless a rule already said why not)."""
-        if node not in self._anchors:
+        if node not in self._missed:
             self._near_misses[(node, reason)] = NearMiss(
                 self.location(graph_like), reason, [(self.phase, rule, [node], node)]
             )
-            self._anchors.add(node)
+            self._missed.add(node)
 
     def fused_residual(
         self,

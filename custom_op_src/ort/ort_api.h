@@ -32,10 +32,10 @@ int RuntimeRelease();
 template <typename T>
 constexpr ONNXTensorElementDataType kOrtElementType = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
 template <>
-constexpr ONNXTensorElementDataType kOrtElementType<float> = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+inline constexpr ONNXTensorElementDataType kOrtElementType<float> = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
 template <>
-constexpr ONNXTensorElementDataType kOrtElementType<Float16> = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+inline constexpr ONNXTensorElementDataType kOrtElementType<Float16> = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
 template <>
-constexpr ONNXTensorElementDataType kOrtElementType<BFloat16> = ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
+inline constexpr ONNXTensorElementDataType kOrtElementType<BFloat16> = ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
 
 }  // namespace ort_rmsnorm
