@@ -66,11 +66,11 @@ class ModelFile:
     """The files its external tensors are stored in."""
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> ModelFile:
+    def load(cls, path: str | os.PathLike, linked: model_io.LinkedFiles | None = None) -> ModelFile:
         """Reads and checks ``path`` (:func:`ort_rmsnorm.model_io.load_model`: a bad file is a ModelFileError naming
-        it)."""
+        it; ``linked`` as there)."""
         notes: list[str] = []
-        model = model_io.load_model(path, notes)
+        model = model_io.load_model(path, notes, linked)
         return cls(Path(path), model, notes, model_io.external_data_files(model))
 
     @property

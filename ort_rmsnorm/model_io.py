@@ -67,7 +67,8 @@ def _check_regular_file(path: Path, what: str) -> None:
         raise ModelFileError(f"{path}: {what} is not readable (permission denied)")
 
 
-def _read_checked_proto(path: Path, notes: list[str] | None = None) -> onnx.ModelProto:
+def _read_checked_proto(path: Path, notes: list[str] | None = None, linked: LinkedFiles | None = None
+                        ) -> onnx.ModelProto:
     _check_regular_file(path, "the model")
     size = path.stat().st_size
     if size == 0:
@@ -91,9 +92,9 @@ def _read_checked_proto(path: Path, notes: list[str] | None = None) -> onnx.Mode
         ) from None
     if not proto.HasField("graph") or not proto.opset_import:
         raise ModelFileError(f"{path}: not an ONNX model (no graph or no opset imports; truncated or another format?)")
-    check_external_data(path, _external_tensor_protos(path, proto))
+    through_links = check_external_data(path, _external_tensor_protos(path, proto), linked)
     try:
-        _run_checker(path, proto)
+        _run_checker(path, proto, in_memory=through_links)
     except onnx.checker.ValidationError as error:
         if _UNSORTED not in str(error) or not _every_input_produced(proto):
             raise ModelFileError(f"{path}: invalid ONNX model: {one_line(error)}") from None
@@ -172,10 +173,11 @@ def _without_external_initializers(proto: onnx.ModelProto) -> onnx.ModelProto:
     return copy
 
 
-def _run_checker(path: Path, proto: onnx.ModelProto) -> None:
+def _run_checker(path: Path, proto: onnx.ModelProto, *, in_memory: bool = False) -> None:
     """onnx's checker, after :func:`check_external_data` (which every model passes first, whichever form runs
-    here)."""
-    if any(node.domain in ONNX_DOMAINS and node.op_type in ORT_OPS_IN_ONNX_DOMAIN for node in _nodes(proto)):
+    here). ``in_memory``: external data is read through links the caller allowed, which the path form refuses."""
+    if in_memory or any(node.domain in ONNX_DOMAINS and node.op_type in ORT_OPS_IN_ONNX_DOMAIN
+                        for node in _nodes(proto)):
         _check_in_memory(proto)
         return
     # The path form reads the file in C++ (no second copy of a large model in Python) and checks the external data
@@ -250,7 +252,12 @@ _DECIMAL = re.compile(r"[0-9]{1,19}")
 _EXTERNAL_DATA_KEYS = ("location", "offset", "length", "checksum")
 
 
-def check_external_data(path: Path, tensors: Iterable[tuple[str, onnx.TensorProto]]) -> None:
+# The real path of a link the caller's own walk allowed (a folder fused with --follow-symlinks), or None.
+LinkedFiles = Callable[[Path], "str | None"]
+
+
+def check_external_data(path: Path, tensors: Iterable[tuple[str, onnx.TensorProto]],
+                        linked: LinkedFiles | None = None) -> bool:
     """Refuses, with a :class:`ModelFileError` naming the tensor and the file, every external data reference of the
     model at ``path`` that onnxruntime would refuse or that reaches beyond the model's directory; nothing is opened
     or read, only ``lstat``-ed. ``tensors``: (where, tensor) pairs, as the walk of the model's message finds them.
@@ -259,7 +266,10 @@ def check_external_data(path: Path, tensors: Iterable[tuple[str, onnx.TensorProt
     model's directory, reached through no symbolic link (onnx's checker and onnx_ir refuse links too), a regular file
     with one hard link (onnx_ir refuses others); its offset and length must be decimal byte counts; the length, when
     given, must be exactly the bytes its element type and dims take; and the file must hold offset + length bytes.
+    A data file that is itself a link is accepted only where ``linked`` gives its real path (the file the caller's
+    walk checked); that file is then the one checked. Returns whether any was.
     """
+    through_links = False
     for where, tensor in tensors:
         name = f"tensor '{printable(tensor.name)}'" if tensor.name else where
         what = f"{path}: {name} stored as external data"
@@ -285,7 +295,8 @@ def check_external_data(path: Path, tensors: Iterable[tuple[str, onnx.TensorProt
             )
         if offset + length > _MAX_FILE_BYTES:
             raise ModelFileError(f"{what}: offset {offset} + length {length} is past any file's end (2^63 - 1)")
-        data_path, status = _external_data_file(path, location, name)
+        data_path, status, followed = _external_data_file(path, location, name, linked)
+        through_links |= followed
         if status.st_size < offset + length:
             raise ModelFileError(
                 f"{data_path}: external data file too short for {name} of {path.name} (needs bytes up to "
@@ -297,6 +308,7 @@ def check_external_data(path: Path, tensors: Iterable[tuple[str, onnx.TensorProt
                 f"{data_path}: external data file has {status.st_nlink} hard links; onnx_ir refuses to read "
                 "hard-linked external data, so copy the file instead of linking it"
             )
+    return through_links
 
 
 def _byte_count(text: str, key: str, what: str) -> int:
@@ -321,9 +333,11 @@ def _tensor_bytes(tensor: onnx.TensorProto, what: str) -> int:
     return (count * bits + 7) // 8
 
 
-def _external_data_file(path: Path, location: str, name: str) -> tuple[Path, os.stat_result]:
-    """The data file ``location`` names, relative to the directory of the model at ``path``, and its status. Every
-    component below that directory is ``lstat``-ed (none may be a link), so that nothing outside it is reached."""
+def _external_data_file(path: Path, location: str, name: str, linked: LinkedFiles | None
+                        ) -> tuple[Path, os.stat_result, bool]:
+    """The data file ``location`` names, relative to the directory of the model at ``path``, its status, and whether
+    it is a link ``linked`` allowed (its target's status then). Every component below that directory is ``lstat``-ed
+    (none may be a link, but for such a last one), so that nothing outside it is reached."""
     base, what, shown = path.parent, f"external data of {name} in {path.name}", f"'{printable(location)}'"
     where = f"{path}: {name} stored as external data: its location {shown}"
     if "\0" in location:
@@ -335,8 +349,8 @@ def _external_data_file(path: Path, location: str, name: str) -> tuple[Path, os.
         raise ModelFileError(f"{where} goes up a directory ('..'); external data must lie in the model's directory "
                              f"({base})")
     parts = PurePosixPath(location).parts
-    current, status = base, None
-    for part in parts:
+    current, status, followed = base, None, False
+    for index, part in enumerate(parts):
         current = current / part
         try:
             status = os.lstat(current)
@@ -345,13 +359,20 @@ def _external_data_file(path: Path, location: str, name: str) -> tuple[Path, os.
         except OSError as error:
             raise ModelFileError(f"{current}: cannot read the {what}: {error.strerror or error}") from None
         if stat.S_ISLNK(status.st_mode):
+            real = linked(current) if linked is not None and index == len(parts) - 1 else None
+            if real is not None:
+                try:
+                    status, followed = os.stat(real), True
+                except OSError as error:
+                    raise ModelFileError(f"{current}: cannot read the {what}: {error.strerror or error}") from None
+                continue
             raise ModelFileError(f"{current}: the {what} is reached through this symbolic link; external data must "
                                  "be a regular file in the model's directory")
     if status is None or not stat.S_ISREG(status.st_mode):
         raise ModelFileError(f"{current}: the {what} is not a regular file")
     if not os.access(current, os.R_OK):
         raise ModelFileError(f"{current}: the {what} is not readable (permission denied)")
-    return current, status
+    return current, status, followed
 
 
 def _external_tensors(model: ir.Model) -> Iterable[ir.ExternalTensor]:
@@ -373,17 +394,19 @@ def _external_tensors(model: ir.Model) -> Iterable[ir.ExternalTensor]:
             yield from (tensor for tensor in tensors if isinstance(tensor, ir.ExternalTensor))
 
 
-def load_model(path: str | os.PathLike, notes: list[str] | None = None) -> ir.Model:
+def load_model(path: str | os.PathLike, notes: list[str] | None = None, linked: LinkedFiles | None = None
+               ) -> ir.Model:
     """Loads and validates the model file at ``path``, keeping external data on disk (memory-mapped lazily).
 
     Raises :class:`ModelFileError` for a missing or unreadable file, a truncated or corrupted protobuf, a file that is
     not an ONNX model, a string in it that is not UTF-8, a model ``onnx.checker`` rejects, and external data that is
     missing, too short, outside the model's directory, reached through a symbolic link or declared inconsistently
     (:func:`check_external_data`, before any of it is read). A model whose nodes are not in topological order
-    (onnxruntime loads such models) is sorted; ``notes`` gets a line saying so.
+    (onnxruntime loads such models) is sorted; ``notes`` gets a line saying so. ``linked``: see
+    :func:`check_external_data` (the tensors still name the link: the caller points them at its target).
     """
     path = Path(path)
-    proto = _read_checked_proto(path, notes)
+    proto = _read_checked_proto(path, notes, linked)
     try:
         model = ir.serde.deserialize_model(proto)
     except Exception as error:  # noqa: BLE001 - whatever onnx_ir trips over in a checked model is the file's

@@ -194,6 +194,12 @@ class Contents:
             return None
         return relative if relative in self.files else None
 
+    def linked_file(self, path: Path) -> str | None:
+        """The real path of ``path`` when it is a link the walk allowed to one of the folder's files (as
+        :func:`ort_rmsnorm.model_io.load_model` asks of a model's external data reached through a link), else None."""
+        relative = self.relative_of(path)
+        return self.files[relative].real if relative is not None else None
+
 
 def copy_file(source, destination: Path) -> None:
     """Copies the open file ``source`` to the new file ``destination`` (never through a link), keeping its permission

@@ -228,7 +228,7 @@ def _load(layout: Layout, relative: str) -> ModelFile:
     and after; external data that is a link the walk allowed is read from the link's target."""
     contents = layout.contents
     contents.check_unchanged(relative)
-    loaded = ModelFile.load(contents.path(relative))
+    loaded = ModelFile.load(contents.path(relative), contents.linked_file)
     contents.check_unchanged(relative)
     if _read_linked_data_in_place(loaded.model, contents):
         loaded.data_files = model_io.external_data_files(loaded.model)

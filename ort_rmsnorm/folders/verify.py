@@ -176,7 +176,7 @@ def verify_folder(
 def _load_checked(contents: Contents, relative: str) -> ir.Model:
     """A model of the folder, read by its path (onnx reads by name), checked to be the file the walk found."""
     contents.check_unchanged(relative)
-    model = load_model(contents.path(relative))
+    model = load_model(contents.path(relative), linked=contents.linked_file)
     contents.check_unchanged(relative)
     return model
 

@@ -225,6 +225,27 @@ def test_external_locations_outside_the_folder_are_refused_before_reading(tmp_pa
     _refused(folder, model, expected)
 
 
+def test_external_data_through_a_link_only_where_the_caller_allows_it(tmp_path):
+    """A folder fused with --follow-symlinks (a Hugging Face snapshot: data files are links into ../../blobs/) hands
+    load_model the links its walk allowed; any other link stays refused, and the checker, whose path form refuses
+    links, runs on the model in memory."""
+    folder = tmp_path / "snapshot"
+    folder.mkdir()
+    model = _sln_model(folder, default_domain_norm=False)  # the path form of the checker for this one
+    blob = tmp_path / "blob"
+    (folder / "w.bin").rename(blob)
+    (folder / "w.bin").symlink_to(blob)
+    with pytest.raises(model_io.ModelFileError, match="reached through this symbolic link"):
+        model_io.load_model(model)
+    with pytest.raises(model_io.ModelFileError, match="reached through this symbolic link"):
+        model_io.load_model(model, linked=lambda path: None)
+    loaded = model_io.load_model(model, linked=lambda path: str(blob) if path == folder / "w.bin" else None)
+    assert [value.name for value in loaded.graph.initializers.values()] == ["gamma"]
+    blob.write_bytes(bytes(8))  # the target is the file checked: now too short
+    with pytest.raises(model_io.ModelFileError, match="too short"):
+        model_io.load_model(model, linked=lambda path: str(blob))
+
+
 def test_external_data_of_a_constant_in_a_function_is_checked_against_the_models_folder(tmp_path):
     """A Constant node's tensor in a model-local function may be stored as external data too: it is checked like an
     initializer, and read from the model's folder (onnx_ir sets no base folder for functions: it read the current
