@@ -19,7 +19,8 @@ from ._facts import Facts, label
 from ._report import FusionReport
 from ._rule_set import PhasedRuleSet, build_phases
 from ._session import FusionSession
-from ._targets import default_opset, get_target
+from ._target_list import get_target
+from ._targets import default_opset
 
 
 def rules(target: str = DEFAULT_TARGET, *, types: TypeTable | None = None) -> pattern.RewriteRuleSet:

@@ -46,6 +46,8 @@ class Fusion:
     """Where the unfused subgraph rounds to a 16-bit type and the fused op does not (it computes the statistic in
     float32 or wider and rounds its output once), e.g. ``the mean square is computed in float16``: the two then differ
     by a few units in the last place, within ``verify``'s tolerance (docs/fusion.md, "Roundings")."""
+    choice: Optional[str] = None
+    """``auto``: why this op, ours or onnxruntime's (the measured table's verdict for its type and row length)."""
 
 
 @dataclasses.dataclass
@@ -105,6 +107,8 @@ def _form(fusion: Fusion) -> str:
     op_type = fusion.op_type + (f" (from {fusion.converted_from})" if fusion.converted_from else "")
     parts = [op_type, f"axis {fusion.axis}", f"eps {fusion.eps_placement}", f"scale {fusion.scale}"]
     dtypes = fusion.input_dtype + (f"/{fusion.scale_dtype}" if fusion.scale_dtype else "")
+    if fusion.choice:
+        dtypes += f" ({fusion.choice.split(':')[0]})"
     rounded = f" (the graph rounds: {'; '.join(fusion.roundings)})" if fusion.roundings else ""
     return ", ".join([*parts, dtypes]) + rounded
 

@@ -136,6 +136,7 @@ def test_report_json_and_summary():
         "rule",
         "converted_from",
         "roundings",
+        "choice",
     }
     assert (fusion["op_type"], fusion["location"], fusion["scale"], fusion["skip"], fusion["converted_from"]) == (
         "ort_rmsnorm.RMSNorm",
