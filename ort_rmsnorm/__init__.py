@@ -6,40 +6,63 @@
   same from a model file to a fused model file, with every check ``ort-rmsnorm fuse`` makes.
 - :func:`fuse_folder` / :func:`verify_folder`: the same for every model of an onnxruntime-genai folder or a folder
   of ``.onnx`` files, and the check of the result.
+- :func:`everywhere`: onnxruntime's own tools (quantizers, transformer optimizer, ...) on fused models;
+  :func:`infer_symbolic_shapes`: onnxruntime's symbolic shape inference knowing our ops.
+- :func:`register_schemas`: the ops' ONNX schemas, for onnx's shape inference and checker; registered by importing
+  this package (when onnx is imported, see :mod:`ort_rmsnorm.schemas`).
 """
 
 from __future__ import annotations
 
 from ._library import build_info, get_library_path, has_cuda, package_version, register, session_options
 from .contract import OP_DOMAIN, OP_VERSION
+from .schemas import register_on_onnx_import as _register_on_onnx_import
+from .schemas import register_schemas
 
 __all__ = [
     "OP_DOMAIN",
     "OP_VERSION",
+    "add_symbolic_handlers",
     "build_info",
+    "everywhere",
     "fuse",
     "fuse_file",
     "fuse_folder",
     "get_library_path",
     "has_cuda",
+    "infer_symbolic_shapes",
     "register",
+    "register_schemas",
     "session_options",
     "verify_folder",
 ]
 
+_register_on_onnx_import()
+
+# Names loaded on first use (module, attribute): the fusion pass imports onnx, onnx_ir and onnxscript, the tools
+# onnxruntime's Python tools, and the metadata lookup scans sys.path, so `import ort_rmsnorm` stays cheap.
+_LAZY = {
+    "fuse": ("fusion", "fuse"),
+    "fuse_file": ("fusion", "fuse_file"),
+    "fuse_folder": ("folders", "fuse_folder"),
+    "verify_folder": ("folders", "verify_folder"),
+    "everywhere": ("tooling", "everywhere"),
+    "infer_symbolic_shapes": ("tooling", "infer_symbolic_shapes"),
+    "add_symbolic_handlers": ("tooling", "add_symbolic_handlers"),
+}
+
 
 def __getattr__(name: str):
-    # The fusion pass imports onnx, onnx_ir and onnxscript, and the metadata lookup scans sys.path: both on first
-    # use, so `import ort_rmsnorm` stays cheap.
     if name == "__version__":
         version = globals()["__version__"] = package_version()
         return version
-    if name in ("fuse", "fuse_file"):
-        from . import fusion
+    if name in _LAZY:
+        import importlib
 
-        return getattr(fusion, name)
-    if name in ("fuse_folder", "verify_folder"):
-        from . import folders
-
-        return getattr(folders, name)
+        module, attribute = _LAZY[name]
+        return getattr(importlib.import_module(f"{__name__}.{module}"), attribute)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY, "__version__"})  # the default listing and the names loaded on first use

@@ -6,9 +6,13 @@ import functools
 import json
 import os
 import sys
+import threading
+import weakref
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import onnxruntime as ort
+if TYPE_CHECKING:  # onnxruntime is imported where a session needs it: the command line's --help and --version do not
+    import onnxruntime as ort
 
 _LIBRARY_NAMES = {"linux": "libort_rmsnorm.so", "darwin": "libort_rmsnorm.dylib", "win32": "ort_rmsnorm.dll"}
 LIBRARY_ENV = "ORT_RMSNORM_LIBRARY"
@@ -34,15 +38,30 @@ def get_library_path() -> str:
     )
 
 
+_registered: weakref.WeakSet = weakref.WeakSet()  # options that hold the library: a second copy fails the session
+_registered_lock = threading.Lock()
+
+
 def register(options: ort.SessionOptions) -> ort.SessionOptions:
-    """Registers the RMSNorm/SkipRMSNorm ops (domain ``ort_rmsnorm``) with ``options`` and returns it."""
-    options.register_custom_ops_library(get_library_path())
+    """Registers the RMSNorm/SkipRMSNorm ops (domain ``ort_rmsnorm``) with ``options`` and returns it.
+
+    Idempotent: options this function registered before are returned as they are (onnxruntime refuses a session
+    whose options hold the library twice, "Domain already set in registry"). Options given the library by
+    ``options.register_custom_ops_library`` directly are not known here: do not pass those."""
+    with _registered_lock:
+        if options not in _registered:
+            options.register_custom_ops_library(get_library_path())
+            _registered.add(options)
     return options
 
 
 def session_options(options: ort.SessionOptions | None = None) -> ort.SessionOptions:
     """SessionOptions with the library registered: a new object, or ``options`` itself when given."""
-    return register(options if options is not None else ort.SessionOptions())
+    if options is None:
+        import onnxruntime
+
+        options = onnxruntime.SessionOptions()
+    return register(options)
 
 
 @functools.lru_cache(maxsize=None)
@@ -69,3 +88,61 @@ def package_version() -> str:
 def has_cuda() -> bool:
     """True when the library was built with the CUDA kernels (CUDAExecutionProvider overloads)."""
     return bool(build_info().get("cuda", False))
+
+
+CPU_ISA_ENV = "ORT_RMSNORM_CPU_ISA"
+
+# Registers the library (argv[1]) in a fresh onnxruntime; exits with onnxruntime's error message when it refuses.
+_REGISTRATION = """
+import sys
+import onnxruntime
+try:
+    onnxruntime.SessionOptions().register_custom_ops_library(sys.argv[1])
+except Exception as error:
+    sys.exit(str(error))
+"""
+_UNSUPPORTED = "not supported by this CPU or build"  # custom_op_src/kernels/dispatch.cpp's refusal of a forced set
+
+
+def cpu_kernel_set() -> tuple[str | None, str]:
+    """The CPU kernel set the library runs with in this environment, and how it was chosen; ``(None, why)`` when the
+    library refuses to register.
+
+    The library chooses once, when onnxruntime first registers it in a process: the set ``$ORT_RMSNORM_CPU_ISA``
+    names (registration fails when the CPU or the build lacks it), or else the most capable set of the build that
+    the CPU runs. A forced set registers exactly when the CPU runs it, so the default is the most capable set of the
+    build whose forced registration succeeds. That is asked of the library itself rather than read from cpuid here
+    (which would have to repeat its checks of the OS's register state): one child process per set, as the library
+    reads the variable once per process, from the most capable down (``build_info()["cpu_isas"]`` lists them in
+    the dispatch's order, least capable first), so usually a single child."""
+    library = get_library_path()
+    forced = os.environ.get(CPU_ISA_ENV)
+    if forced:
+        problem = _registration_problem(library, forced)
+        return (None, problem) if problem else (forced, f"forced by {CPU_ISA_ENV}={forced}")
+    built = list(build_info().get("cpu_isas", []))
+    for isa in reversed(built):
+        problem = _registration_problem(library, isa)
+        if problem is None:
+            faster = built[built.index(isa) + 1:]
+            return isa, ("the most capable set of this build" if not faster else
+                         f"the most capable set of this build this CPU runs (not {', '.join(faster)})")
+        if _UNSUPPORTED not in problem:
+            return None, problem
+    return None, f"none of this build's sets ({', '.join(built) or 'none listed'}) registers on this CPU"
+
+
+def _registration_problem(library: str, isa: str) -> str | None:
+    """None when the library registers with ``ORT_RMSNORM_CPU_ISA=isa`` in a fresh process, else the error."""
+    import subprocess
+
+    environment = {**os.environ, CPU_ISA_ENV: isa}
+    try:
+        completed = subprocess.run([sys.executable, "-c", _REGISTRATION, library], env=environment,
+                                   capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        return f"registering {library} with {CPU_ISA_ENV}={isa} did not finish in 120 s"
+    if completed.returncode == 0:
+        return None
+    lines = completed.stderr.strip().splitlines()
+    return lines[-1] if lines else f"registering {library} failed with exit status {completed.returncode}"

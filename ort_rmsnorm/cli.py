@@ -1,8 +1,10 @@
-"""The ``ort-rmsnorm`` command line: ``fuse``, ``verify``, ``demo``, ``bench``, ``info``.
+"""The ``ort-rmsnorm`` command line: ``fuse``, ``verify``, ``demo``, ``bench``, ``info``, ``tool``.
 
 Each subcommand is a :class:`Command`: a function that adds its arguments to its parser and a function that runs it
 and returns the exit status (:mod:`ort_rmsnorm.command_line`: errors on one line, exit statuses). Heavy modules
-(onnxscript, torch) are imported only by the subcommands that need them.
+are imported only by the subcommands that need them: only the subcommand named on the command line gets its
+arguments added (some read their defaults from the modules that run them), so ``--help``, ``--version`` and
+``fuse --help`` import neither numpy nor onnxruntime.
 """
 
 from __future__ import annotations
@@ -13,8 +15,6 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .bench.arguments import HELP as BENCH_HELP  # imports neither torch nor onnxscript
-from .bench.arguments import add_bench_arguments
 from .command_line import (
     EXIT_MISMATCH,
     EXIT_OK,
@@ -24,10 +24,12 @@ from .command_line import (
     Progress,
     UsageError,
     exit_with,
+    for_cli,
     make_directory,
     run_program,
 )
-from .contract import DEFAULT_TARGET, TARGETS
+from .bench.about import HELP as BENCH_HELP
+from .contract import DEFAULT_TARGET, OPTIMIZATION_LEVEL_NAMES, TARGETS
 
 __all__ = ["COMMANDS", "EXIT_MISMATCH", "EXIT_OK", "EXIT_USAGE", "Command", "build_parser", "console_main", "main"]
 
@@ -66,16 +68,23 @@ def _seed(text: str) -> int:
     return int(text)
 
 
-def add_verify_input_arguments(parser: argparse.ArgumentParser) -> None:
-    from .verify import OPTIMIZATION_LEVELS
+def _output_file(text: str) -> Path:
+    """An output path (a file, or a folder to be made) whose directory exists: checked as the arguments are read,
+    before any model is loaded."""
+    path = Path(text)
+    if text and not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{path}: the directory {path.parent} does not exist")
+    return path
 
+
+def add_verify_input_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("verification inputs")
     group.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
                        help="size of a symbolic input dim (default: batch 2, *past* 0, others 4); repeatable")
     group.add_argument("--input", dest="inputs", action="append", default=[], metavar="NAME=FILE.npy",
                        help="use this array for an input instead of generated values; repeatable")
     group.add_argument("--seed", type=_seed, default=0, help="seed of the generated inputs (default 0)")
-    group.add_argument("--optimization", choices=list(OPTIMIZATION_LEVELS), default="all",
+    group.add_argument("--optimization", choices=OPTIMIZATION_LEVEL_NAMES, default="all",
                        help="onnxruntime graph optimizations for both sessions (default all)")
 
 
@@ -124,7 +133,7 @@ def add_fuse_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", type=Path, metavar="IN",
                         help="model to fuse (IN.onnx), or a folder of models: an onnxruntime-genai folder or any "
                              "folder of .onnx files (never modified)")
-    parser.add_argument("destination", type=Path, metavar="OUT",
+    parser.add_argument("destination", type=_output_file, metavar="OUT",
                         help="fused model, written atomically, external data going to OUT.onnx.data; for a folder, "
                              "the output folder, written atomically, which must not exist or be empty")
     parser.add_argument("--target", choices=TARGETS, default=DEFAULT_TARGET,
@@ -132,7 +141,7 @@ def add_fuse_arguments(parser: argparse.ArgumentParser) -> None:
                              "ort: onnxruntime's SimplifiedLayerNormalization")
     parser.add_argument("--convert-opset", action="store_true",
                         help="with --target onnx: convert a model below opset 23 to opset 23")
-    parser.add_argument("--report", type=Path, metavar="REPORT.json",
+    parser.add_argument("--report", type=_output_file, metavar="REPORT.json",
                         help="write the fusion report as JSON (for a folder: one report, per model)")
     parser.add_argument("--replace", action="store_true",
                         help="for a folder: replace an existing non-empty output folder as a whole")
@@ -156,10 +165,10 @@ def run_fuse(args: argparse.Namespace) -> int:
     progress = Progress(args.quiet)
     fused = fuse_file(args.source, args.destination, args.target, report_path=args.report,
                       allow_opset_upgrade=args.convert_opset, progress=progress.stage,
-                      on_tensor_written=progress.tensors_written)
+                      on_tensor_written=progress.tensors_written, wording=for_cli)
     progress.stage("done")
 
-    print(fused.report.summary())
+    print(for_cli(fused.report.summary()))
     print(f"wrote {args.destination}" + (f" (external data: {fused.data_file})" if fused.data_file else "")
           + (f", report {args.report}" if args.report is not None else ""))
     if not args.verify:
@@ -192,8 +201,8 @@ def run_fuse_folder(args: argparse.Namespace, verification_inputs: VerificationI
                                  allow_opset_upgrade=args.convert_opset, progress=progress.stage,
                                  on_tensor_written=progress.tensors_written)
     if args.report is not None:
-        model_io.write_text_atomically(args.report, report.to_json())
-    print(report.summary())
+        model_io.write_text_atomically(args.report, for_cli(report.to_json()))
+    print(for_cli(report.summary()))
     print(f"wrote {args.destination}" + (f", report {args.report}" if args.report is not None else ""))
     if not args.verify:
         return EXIT_OK
@@ -275,7 +284,7 @@ def run_info(args: argparse.Namespace) -> int:
 
     import onnxruntime
 
-    from ._library import build_info, get_library_path, package_version
+    from ._library import build_info, cpu_kernel_set, get_library_path, package_version
 
     version = package_version()
     print(f"ort-rmsnorm {version}")
@@ -285,17 +294,66 @@ def run_info(args: argparse.Namespace) -> int:
         print(f"  {key}: {value}")
     if info.get("version") != version:
         print(f"  (this library was built as version {info.get('version')}, not the package's {version})")
-    print(f"onnxruntime {onnxruntime.__version__} (providers: {', '.join(onnxruntime.get_available_providers())})")
+    kernels, how = cpu_kernel_set()
+    print(f"CPU kernels in use: {kernels} ({how})" if kernels else f"CPU kernels in use: none: {how}")
+    providers = onnxruntime.get_available_providers()
+    print(_cuda_line(bool(info.get("cuda")), "CUDAExecutionProvider" in providers, info.get("cuda_architectures")))
+    print(f"onnxruntime {onnxruntime.__version__} (providers: {', '.join(providers)})")
     for package in ("onnx", "onnxscript", "onnx-ir", "numpy", "torch"):
         try:
             print(f"{package} {importlib.metadata.version(package)}")
         except importlib.metadata.PackageNotFoundError:
             print(f"{package}: not installed")
     print(f"python {platform.python_version()} ({sys.executable})")
+    from .schemas import schema_note
+
+    print(f"onnx schemas: {schema_note()}")
     return EXIT_OK
 
 
-# --- the parser ---------------------------------------------------------------------------------------------------
+# --- tool ---------------------------------------------------------------------------------------------------------
+
+
+def add_tool_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("module", metavar="MODULE",
+                        help="the tool's module, run as `python -m MODULE`, e.g. onnxruntime.quantization.preprocess")
+    parser.add_argument("args", nargs=argparse.REMAINDER, metavar="ARG", help="the tool's arguments")
+
+
+def run_tool(args: argparse.Namespace) -> int:
+    from .tooling import run_tool as run
+
+    try:
+        return run(args.module, args.args)
+    except ModuleNotFoundError as error:
+        if error.name != args.module:
+            raise  # the tool's own missing import: its traceback tells what to install
+        raise UsageError(str(error)) from None
+
+
+def _cuda_line(built: bool, provider: bool, architectures: str | None) -> str:
+    """Whether the CUDA kernels can run here: they need both a CUDA build of the library and onnxruntime-gpu."""
+    if built and provider:
+        return (f"CUDA kernels: built (architectures {architectures}); this onnxruntime has CUDAExecutionProvider, so "
+                "sessions using it run them (a GPU and a driver for the library's CUDA version are needed)")
+    if built:
+        return (f"CUDA kernels: built (architectures {architectures}), but this onnxruntime has no "
+                "CUDAExecutionProvider: they cannot run here (that needs onnxruntime-gpu instead of onnxruntime)")
+    if provider:
+        return ("CUDA kernels: not built, though this onnxruntime has CUDAExecutionProvider: the norms of sessions "
+                "on the GPU run on the CPU (reinstall with onnxruntime-gpu installed, or with "
+                "CMAKE_ARGS=-DORT_RMSNORM_CUDA=ON)")
+    return "CUDA kernels: not built (this onnxruntime has no CUDAExecutionProvider to run them either)"
+
+
+# --- bench --------------------------------------------------------------------------------------------------------
+
+
+def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    from .bench.arguments import add_bench_arguments as add  # imports neither torch nor onnxscript
+
+    add(parser)
+
 
 def run_bench(args: argparse.Namespace) -> int:
     from .bench.command import run_checked
@@ -309,17 +367,41 @@ COMMANDS = [
     Command("demo", "a small int4 Llama-style model: fuse, verify, time and profile it before and after",
             add_demo_arguments, run_demo),
     Command("bench", BENCH_HELP, add_bench_arguments, run_bench),
-    Command("info", "library path, build info and versions", add_info_arguments, run_info),
+    Command("info", "library path, build info, the kernels in use, versions", add_info_arguments, run_info),
+    Command("tool", "run a Python tool (python -m MODULE) with the library in every onnxruntime session it opens",
+            add_tool_arguments, run_tool),
     # A new subcommand is one more entry here: Command(name, help, add_<name>_arguments, run_<name>).
 ]
 
 
-def build_parser() -> argparse.ArgumentParser:
+# --- the parser ---------------------------------------------------------------------------------------------------
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: the package's version, looked up only when asked."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from ._library import package_version
+
+        print(f"{PROG} {package_version()}")
+        parser.exit()
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser. With ``argv``, only the subcommand it names gets its arguments: adding them imports what that
+    subcommand's defaults come from, which ``--help`` and the other subcommands need not pay for."""
     parser = Parser(prog=PROG, description="Fused RMSNorm for ONNX Runtime.")
+    parser.add_argument("--version", action=_VersionAction, help="print the version and exit")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    # Top-level options take no values, so the first word that is no option names the subcommand.
+    named = next((word for word in argv if not str(word).startswith("-")), None) if argv is not None else None
     for command in COMMANDS:
         subparser = subparsers.add_parser(command.name, help=command.help, description=command.help)
-        command.add_arguments(subparser)
+        if argv is None or command.name == named:
+            command.add_arguments(subparser)
         subparser.set_defaults(run=command.run)
     return parser
 

@@ -30,12 +30,17 @@ class Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+_command_started: float | None = None
+"""When :func:`run_program` started the running command: every :class:`Progress` of a command counts from it."""
+
+
 class Progress:
     """Stage and progress lines on stderr, with the time since the command started."""
 
     def __init__(self, quiet: bool = False, interval_s: float = 2.0):
         self.quiet, self.interval_s = quiet, interval_s
-        self.start = self.last = time.perf_counter()
+        self.last = time.perf_counter()
+        self.start = _command_started if _command_started is not None else self.last
 
     def stage(self, message: str) -> None:
         if not self.quiet:
@@ -62,22 +67,40 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
     return (UsageError, ModelFileError, VerifyInputError, FileNotFoundError)
 
 
-def run_program(build_parser: Callable[[], argparse.ArgumentParser], argv: Sequence[str] | None, name: str,
-                name_of: Callable[[argparse.Namespace], str] | None = None) -> int:
-    """Parses ``argv`` with ``build_parser()``'s parser and runs ``args.run(args)``; expected errors and interrupts
-    become a line on stderr and the exit status. ``name``: the program's name in those lines, ``name_of(args)`` the
-    command's once known."""
+# The API's options in the words of the command line, for the messages of the pass and the API that name them.
+CLI_SPELLINGS = {"allow_opset_upgrade=True": "--convert-opset"}
+
+
+def for_cli(text: str) -> str:
+    """``text`` (a report, an error) with the API's option names replaced by the command line's flags."""
+    for api, flag in CLI_SPELLINGS.items():
+        text = text.replace(api, flag)
+    return text
+
+
+def run_program(build_parser: Callable[[Sequence[str]], argparse.ArgumentParser], argv: Sequence[str] | None,
+                name: str, name_of: Callable[[argparse.Namespace], str] | None = None) -> int:
+    """Parses ``argv`` (default: the process's arguments) with ``build_parser(argv)``'s parser and runs
+    ``args.run(args)``; expected errors and interrupts become a line on stderr and the exit status. ``name``: the
+    program's name in those lines, ``name_of(args)`` the command's once known."""
+    global _command_started
+    _command_started = time.perf_counter()
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
         # Building the parser imports the subcommands' modules: an interrupt may land here too.
-        args = build_parser().parse_args(argv)
+        args = build_parser(argv).parse_args(argv)
         name = name_of(args) if name_of is not None else name
         return args.run(args)
     except KeyboardInterrupt:  # first: the next clause imports modules, which an interrupt may have left half-made
         print(f"{name}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except SystemExit:  # argparse's exits (--help, --version, usage errors): not through the next clause's imports
+        raise
     except _expected_errors() as error:
-        print(f"{name}: error: {error}", file=sys.stderr)
+        print(f"{name}: error: {for_cli(str(error))}", file=sys.stderr)
         return EXIT_USAGE
+    finally:
+        _command_started = None
 
 
 def exit_with(status: int) -> None:

@@ -1,5 +1,5 @@
 """The operator contract: names and defaults that models using this library's ops rely on, and those of the other
-runtimes' norm ops the pass reads and writes.
+runtimes' norm ops the pass reads and writes; and the names the command line shares with the public API.
 
 A model file stores these strings, so they are a file format (docs/ops.md, the operators' full contract): the C++
 library registers the same ones (``custom_op_src/ort/norm_op.h``). This module imports nothing, so that any layer may
@@ -79,3 +79,8 @@ TARGETS = (CUSTOM, ONNX, ORT, AUTO, DECOMPOSED)
 onnxruntime's, whichever is faster on the CPU; ``decomposed``: plain ONNX ops (docs/fusion.md). The pass defines what
 each emits (``rewrites/_targets.py``, ``_auto.py``, ``_decomposed.py``), in this order."""
 DEFAULT_TARGET = CUSTOM
+
+# ---- verification ------------------------------------------------------------------------------------------------
+
+OPTIMIZATION_LEVEL_NAMES = ("disabled", "basic", "extended", "all")
+"""onnxruntime's graph optimization levels, as ``verify`` and the command line's ``--optimization`` name them."""

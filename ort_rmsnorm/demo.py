@@ -161,14 +161,22 @@ def run_demo(
         clock = "the calling thread's CPU time" if threads == 1 else "wall time"
         log(f"\ntiming: {threads} intra-op thread{'s' if threads > 1 else ''}, same session options (onnxruntime "
             f"optimizations on), runs of the two models interleaved, {clock}:")
+        from .bench.machine import load_average, load_note
+        from .bench.tables import faster_or_slower
+
         timings = {}
+        loads = load_average()
         for phase, phase_runs in (("decode", decode_runs), ("prefill", runs)):
             timings[phase] = timing = time_models(original, fused, steps[phase], phase_runs, threads)
             tokens = steps[phase]["input_ids"].shape[1]
             log(f"  {phase} ({tokens} token{'s' if tokens > 1 else ''}), {phase_runs} runs of each model:")
             log(f"    original {Timing.describe(timing.original)}")
             log(f"    fused    {Timing.describe(timing.fused)}")
-            log(f"    original / fused: {timing.speedup:.3f}")
+            log(f"    original / fused: {timing.speedup:.3f} (the fused model "
+                f"{faster_or_slower(timing.speedup, 'the original')})")
+            loads += load_average()
+        if (note := load_note(loads, threads)) is not None:
+            log(f"  {note}")
 
         replaced = {node for fusion in report.fusions for node in fusion.replaced_nodes}
         before = norm_shares(original, steps, threads, folder / "profile-original",

@@ -114,6 +114,7 @@ def fuse_file(
     allow_opset_upgrade: bool = False,
     progress: Callable[[str], None] | None = None,
     on_tensor_written: Callable[[int, int], None] | None = None,
+    wording: Callable[[str], str] | None = None,
 ) -> FusedFile:
     """Fuses the model file ``source`` into ``destination``, as ``ort-rmsnorm fuse`` does.
 
@@ -128,6 +129,7 @@ def fuse_file(
             (otherwise its norms are reported as skipped).
         progress: called with one line per stage (loading, fusing, writing).
         on_tensor_written: ``(index, total)`` while external data is written.
+        wording: the report's JSON passes through it before it is written (the command line names its own flags).
 
     Every check is made before the work. Raises :class:`ort_rmsnorm.model_io.ModelFileError` naming the file and the
     problem: a missing, unreadable, corrupted or invalid model, missing external data, an output that may not be
@@ -151,7 +153,8 @@ def fuse_file(
     say(f"writing {destination}")
     data_file = loaded.save(destination, on_tensor_written=on_tensor_written)
     if report_path is not None:
-        model_io.write_text_atomically(report_path, report.to_json(), protected=loaded.protected)
+        text = report.to_json()
+        model_io.write_text_atomically(report_path, wording(text) if wording else text, protected=loaded.protected)
     return FusedFile(report, data_file)
 
 

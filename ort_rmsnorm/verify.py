@@ -34,6 +34,7 @@ import onnx_ir as ir
 import onnxruntime as ort
 
 from . import runtime
+from .contract import OPTIMIZATION_LEVEL_NAMES
 from .feeds import DEFAULT_SEED, VerifyInputError, make_inputs
 from .model_io import load_model, one_line
 from .model_types import computed_dtypes
@@ -47,12 +48,12 @@ RELATIVE_TOLERANCE = {
     BFLOAT16: 2.0**-4,
 }
 
-OPTIMIZATION_LEVELS = {
-    "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-}
+OPTIMIZATION_LEVELS = dict(zip(OPTIMIZATION_LEVEL_NAMES, (
+    ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+), strict=True))
 
 
 # onnxruntime's Python exceptions (Fail, InvalidArgument, InvalidGraph, ...) derive from Exception directly.

@@ -5,11 +5,12 @@ from __future__ import annotations
 import sys
 
 from ..command_line import PROG, Parser, exit_with, run_program
-from .arguments import HELP, add_bench_arguments
+from .about import HELP
+from .arguments import add_bench_arguments
 from .command import run_checked
 
 
-def _parser() -> Parser:
+def _parser(argv=None) -> Parser:
     parser = Parser(prog=f"{PROG} bench", description=HELP)
     add_bench_arguments(parser)
     parser.set_defaults(run=run_checked)

@@ -13,7 +13,7 @@ from .models import CONTENDER_NAMES, DTYPES
 from .plan import CHAIN_LENGTH, FULL, HIDDEN_SIZES, PREFILL_ROWS, QUICK, Plan
 from .timing import CLOCKS
 
-HELP = "time the norm kernels against onnxruntime's and a memory copy (--e2e: a whole model)"
+
 """The subcommand's one-line description."""
 
 

@@ -17,7 +17,7 @@ from ..command_line import UsageError, make_directory
 from ..model_io import write_text_atomically
 from . import e2e_plan, plots
 from .arguments import plan_from_args
-from .machine import machine_info, machine_line
+from .machine import load_note, machine_info, machine_line
 from .plan import run_plan
 from .tables import markdown_tables
 
@@ -82,6 +82,10 @@ def run_bench(args: argparse.Namespace) -> int:
     tables = markdown_tables(report)
     write_text_atomically(out / "cpu.md", tables)
     print(tables)
+    machine = report["machine"]
+    loads = [machine[key][0] for key in ("load_average_at_start", "load_average_at_end") if key in machine]
+    if (note := load_note(loads, max(plan.threads))) is not None:
+        print(note)
     if args.plot != "none":
         plot = Path(args.plot) if args.plot else out / "cpu.png"
         plots.write_plot(report, plot)

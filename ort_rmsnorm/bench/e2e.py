@@ -36,6 +36,7 @@ from ..fusion import ModelFile
 from ..llama import LlamaConfig
 from .e2e_plan import FLOAT_CONFIG, FLOAT_DTYPES, FLOAT_PREFILL_TOKENS, FLOAT_RUNS
 from .profile import nodes_by_run, node_name, op_type, read_profile
+from .tables import faster_or_slower
 from .timing import clock_function, clock_name
 
 # As the profiler names ops (no domain); onnxruntime's LayerNorms too.
@@ -162,8 +163,9 @@ def run_e2e(config: LlamaConfig = FLOAT_CONFIG, *, dtypes=FLOAT_DTYPES, prefill_
                 result = PhaseResult(dtype, phase, tokens, *times[phase], runs[phase], before.norms, after.norms,
                                      list(before.by_op.items())[:8], list(after.by_op.items())[:8])
                 results.append(result)
+                words = faster_or_slower(result.speedup, "the original")
                 log(f"  {phase} ({_tokens(tokens)}): original {result.original_ms:.1f} ms, fused "
-                    f"{result.fused_ms:.1f} ms, x{result.speedup:.3f}; norms {100 * before.norms:.2f}% -> "
+                    f"{result.fused_ms:.1f} ms, x{result.speedup:.3f} ({words}); norms {100 * before.norms:.2f}% -> "
                     f"{100 * after.norms:.2f}% of kernel time")
     return {"config": dataclasses.asdict(config), "threads": threads, "clock": clock,
             "phases": [dataclasses.asdict(r) for r in results],

@@ -43,6 +43,7 @@ from ..fusion import fuse_file
 from .e2e_plan import Int4Plan
 from .int4_tables import check_text
 from .profile import node_medians, norm_share, profiled_runs
+from .tables import faster_or_slower
 from .timing import clock_function, clock_name
 
 FUSED_OPS = (RMSNORM, SKIP_RMSNORM)  # as the profiler and the model's nodes name them (no domain)
@@ -357,7 +358,8 @@ def run_int4(plan: Int4Plan = Int4Plan(), *, workdir: str | None = None, log: Ca
                     low, high = timing["ratio_quartiles"]
                     log(f"  {threads} thread{'s' if threads > 1 else ''}, {phase}: original "
                         f"{timing['original_ms']:.2f} ms, fused {timing['fused_ms']:.2f} ms, "
-                        f"x{timing['speedup']:.3f} (paired quartiles {low:.3f}-{high:.3f})")
+                        f"x{timing['speedup']:.3f} ({faster_or_slower(timing['speedup'], 'the original')}; paired "
+                        f"quartiles {low:.3f}-{high:.3f})")
             patterns, around = neighbours(models, folder)
             profiled = profile(models, steps, plan.profile_runs, folder, around)
             decode = profiled["decode"]

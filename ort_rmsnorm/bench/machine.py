@@ -8,9 +8,7 @@ import platform
 
 import onnxruntime as ort
 
-from .._library import build_info
-
-ISA_ENV = "ORT_RMSNORM_CPU_ISA"
+from .._library import CPU_ISA_ENV, build_info, cpu_kernel_set
 
 
 def all_threads() -> int:
@@ -19,7 +17,7 @@ def all_threads() -> int:
 
 def machine_info() -> dict:
     cpu = cpu_identity()
-    forced = os.environ.get(ISA_ENV) or None
+    forced = os.environ.get(CPU_ISA_ENV) or None
     info = {
         "processor": platform.processor() or platform.machine(),
         "cpu_model": cpu_model(),
@@ -29,7 +27,7 @@ def machine_info() -> dict:
         "onnxruntime": ort.__version__,
         "ort_rmsnorm": build_info(),
         "forced_isa": forced,
-        "kernels": forced or default_kernels(build_info().get("cpu_isas", []), cpu["flags"]),
+        "kernels": cpu_kernel_set()[0],
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
     if hasattr(os, "getloadavg"):
@@ -37,9 +35,8 @@ def machine_info() -> dict:
     return info
 
 
-# The CPU flags (as /proc/cpuinfo names them) each kernel set needs, in the order of custom_op_src/kernels/dispatch.cpp,
-# which runs the last set of its build whose flags the CPU has (the OS's support included: Linux lists AVX-512 only
-# when it saves the registers). Mirrored here because the library tells no one which set it chose.
+# The CPU flags (as /proc/cpuinfo names them) each kernel set needs (custom_op_src/kernels/dispatch.cpp): a result
+# records those the CPU has. Which set ran is the library's answer (_library.cpu_kernel_set).
 KERNEL_FLAGS = {
     "scalar": (),
     "neon": ("asimd",),
@@ -48,16 +45,6 @@ KERNEL_FLAGS = {
     "avx512bf16": ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"),
     "avx512fp16": ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "avx512_fp16"),
 }
-
-
-def default_kernels(compiled: list[str], flags: list[str]) -> str:
-    """The kernel set the library runs when none is forced: the most capable one built that this CPU supports."""
-    chosen = "scalar"
-    for isa, needed in KERNEL_FLAGS.items():
-        if isa in compiled and all(flag in flags for flag in needed) and (isa != "neon" or platform.machine() in (
-                "aarch64", "arm64")):
-            chosen = isa
-    return chosen
 
 
 def cpu_identity() -> dict:
@@ -95,7 +82,7 @@ def cpu_model() -> str:
 def machine_line(machine: dict) -> str:
     """One line for the head of a table."""
     if machine.get("forced_isa"):
-        isa = f"{machine['forced_isa']} (forced by {ISA_ENV})"
+        isa = f"{machine['forced_isa']} (forced by {CPU_ISA_ENV})"
     else:
         isa = f"{machine.get('kernels', 'best available')} (the library's choice)"
     cpu = machine.get("cpu") or {}
@@ -105,3 +92,22 @@ def machine_line(machine: dict) -> str:
     load = machine.get("load_average_at_start")
     return (f"{machine['cpu_model']}{identity}, {machine['cores']} cores, onnxruntime {machine['onnxruntime']}, "
             f"kernels: {isa}, {machine['date']}" + (f", load average {load[0]:.2f} at start" if load else ""))
+
+
+def load_note(load_averages: list[float], threads: int) -> str | None:
+    """A note when other processes competed for the cores while something was timed: the highest of the 1-minute
+    load averages seen (``os.getloadavg()[0]`` before and after) above the cores this process may use. Side-by-side
+    ratios share that noise, but a difference of a few percent is then within it."""
+    if not load_averages:
+        return None
+    load, cores = max(load_averages), all_threads()
+    if load <= cores:
+        return None
+    return (f"note: the load average reached {load:.1f} on {cores} core{'s' if cores > 1 else ''} while this ran "
+            f"({threads} thread{'s' if threads > 1 else ''} of them ours): other processes took CPU time, so these "
+            "times are unreliable and a few percent either way is noise; rerun on an idle machine to trust them")
+
+
+def load_average() -> list[float]:
+    """The 1-minute load average as a one-element list, or an empty one where the system has none."""
+    return [os.getloadavg()[0]] if hasattr(os, "getloadavg") else []

@@ -22,15 +22,22 @@ def ratio(value: float | None) -> str:
     return f"{value:.2f}" if value is not None else "-"
 
 
+def faster_or_slower(speedup: float | None, than: str) -> str:
+    """A speed-up (other's time / ours) in words: "1.35x faster than X", or for one below 1 "1.35x slower than X"."""
+    if speedup is None or speedup <= 0:
+        return f"no time for {than}"
+    return f"{speedup:.2f}x faster than {than}" if speedup >= 1 else f"{1 / speedup:.2f}x slower than {than}"
+
+
 def format_case_line(case: CaseResult) -> str:
     ours, skip = case.get("rmsnorm"), case.get("skip_rmsnorm")
     parts = [f"{case.dtype:8} threads={case.threads} {case.rows:>5}x{case.hidden:<5}"]
     if ours:
         parts.append(f"rmsnorm {ours.seconds * 1e6:9.1f} us {ours.gb_per_s:6.1f} GB/s "
-                     f"x{ratio(ours.vs_roofline)} copy, x{ratio(ours.speedup_vs_ort)} faster than ort")
+                     f"x{ratio(ours.vs_roofline)} copy, {faster_or_slower(ours.speedup_vs_ort, 'ort')}")
     if skip:
         parts.append(f"skip {skip.seconds * 1e6:9.1f} us x{ratio(skip.vs_roofline)} copy, "
-                     f"x{ratio(skip.speedup_vs_ort)} faster than ort")
+                     f"{faster_or_slower(skip.speedup_vs_ort, 'ort')}")
     return " | ".join(parts)
 
 

@@ -234,6 +234,10 @@ def norm_model(s: Spelling, seed: int = 0) -> NormCase:
         y = g.op("Mul", scale, y) if s.scale == "mul_swapped" else g.op("Mul", y, scale)
         if s.scale == "cast_after":
             y = g.op("Cast", y, to=ONNX_TYPES[dtype])
+    y_shape = shape
+    enlarged = np.broadcast_shapes(tuple(s.run_shape), tuple(scale_shape)) if s.scale != "none" else s.run_shape
+    if shape is not None and tuple(enlarged) != tuple(s.run_shape):  # a scale that broadcasts X up (a near miss)
+        y_shape = list(enlarged) if all(isinstance(dim, int) for dim in shape) else None
     g.nodes.append(helper.make_node("Identity", [y], ["y"], name="to_output"))
     g.nodes.append(helper.make_node("Shape", ["x"], ["unrelated"], name="unrelated_shape"))
     graph = helper.make_graph(
@@ -241,7 +245,7 @@ def norm_model(s: Spelling, seed: int = 0) -> NormCase:
         "norm",
         graph_inputs,
         [
-            helper.make_tensor_value_info("y", ONNX_TYPES[out_dtype], shape),
+            helper.make_tensor_value_info("y", ONNX_TYPES[out_dtype], y_shape),
             helper.make_tensor_value_info("unrelated", TensorProto.INT64, [len(s.run_shape)]),
         ],
         g.initializers,

@@ -39,19 +39,11 @@ def test_every_contender_runs_or_says_why(report):
 
 
 def test_results_name_the_cpu_and_the_kernels_that_ran(report, monkeypatch):
-    """The kernel set a result came from is recorded: forced, or the library's choice for this CPU's flags."""
+    """The kernel set a result came from is recorded: forced, or the one the library chose on this CPU."""
     recorded = report["machine"]
     assert recorded["kernels"] in recorded["ort_rmsnorm"].get("cpu_isas", ["scalar"])
     assert set(recorded["cpu"]) == {"vendor", "family", "model", "stepping", "flags"}
-    compiled = ["scalar", "avx2", "avx512", "avx512bf16", "avx512fp16"]
-    avx2 = ["avx2", "fma", "f16c"]
-    avx512 = avx2 + ["avx512f", "avx512bw", "avx512vl"]
-    assert machine.default_kernels(compiled, []) == "scalar"
-    assert machine.default_kernels(compiled, ["avx2", "fma"]) == "scalar"  # no F16C: no AVX2 kernels
-    assert machine.default_kernels(compiled, avx2) == "avx2"
-    assert machine.default_kernels(compiled, avx512 + ["avx512dq", "avx512_bf16"]) == "avx512bf16"
-    assert machine.default_kernels(["scalar", "avx2"], avx512) == "avx2"  # only what the build has
-    monkeypatch.setenv(machine.ISA_ENV, "avx2")
+    monkeypatch.setenv(machine.CPU_ISA_ENV, "avx2")
     forced = machine.machine_info()
     assert forced["kernels"] == forced["forced_isa"] == "avx2"
     assert "kernels: avx2 (forced by ORT_RMSNORM_CPU_ISA)" in machine.machine_line(forced)
@@ -253,10 +245,9 @@ def test_end_to_end_options_that_do_not_go_together(options, message, tmp_path, 
     assert not (tmp_path / "results").exists()
 
 
-def test_int4_end_to_end_without_transformers_fails_before_measuring(tmp_path, uninstall, capsys):
-    if not command.installed("torch"):
-        pytest.skip("torch is not installed: the message names it too")  # the wheel's test venv
-    uninstall("transformers")
+def test_int4_end_to_end_without_transformers_fails_before_measuring(tmp_path, monkeypatch, capsys):
+    # torch installed, transformers not, whatever this environment has (scripts/test --quick's has neither).
+    monkeypatch.setattr(command, "installed", lambda module: module != "transformers")
     assert cli.main(["bench", "--e2e", "int4", "--out", str(tmp_path / "results")]) == cli.EXIT_USAGE
     assert ("--e2e int4 exports a transformers Llama with torch: transformers is not installed "
             "(pip install transformers)") in capsys.readouterr().err
