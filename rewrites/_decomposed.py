@@ -65,8 +65,10 @@ class DecomposedTarget(Target):
             inverse = op.Reciprocal(op.Add(op.Sqrt(mean_square), epsilon))
         else:
             inverse = op.Reciprocal(op.Sqrt(op.Add(mean_square, epsilon)))
-        y = op.Mul(x, inverse)
-        if spec.scale is not None:
+        if spec.scale is None:
+            y = op.Mul(x, inverse, _name=None if wide else name)
+        else:
             scale = scale_input(op, spec.scale, name)
-            y = op.Mul(y, op.Cast(scale, to=to_float) if spec.scale.dtype != ir.DataType.FLOAT else scale)
-        return op.Cast(y, to=int(spec.x_dtype)) if wide else y
+            scale = op.Cast(scale, to=to_float) if spec.scale.dtype != ir.DataType.FLOAT else scale
+            y = op.Mul(op.Mul(x, inverse), scale, _name=None if wide else name)
+        return op.Cast(y, to=int(spec.x_dtype), _name=name) if wide else y

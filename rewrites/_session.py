@@ -146,6 +146,10 @@ class FusionSession:
         self.fused.append(FusedNode(node, record, list(context.nodes), outputs, context.root, [], _read(context.nodes)))
         self._learn(emitted, replaced)
 
+    def emitted(self, value: ir.Value) -> bool:
+        """Whether ``value`` is one the pass emitted in place of a value of the model."""
+        return any(value is new for fused in self.fused for new, _ in fused.outputs)
+
     def kept(self, op: str) -> None:
         """A norm op of the model that the target would write as it is (``auto``): it stays, counted in the notes."""
         self._kept[op] = self._kept.get(op, 0) + 1
@@ -181,7 +185,8 @@ class FusionSession:
         earlier.outputs = [(node.outputs[0], norm_facts)] + [
             (new, self._facts(old) if old is not None else (None, None, None))
             for new, old in zip(node.outputs[1:], replaced[1:])
-        ] + [(value, facts) for value, facts in earlier.outputs if value.producer() is not norm]
+        ] + [(value, facts) for value, facts in earlier.outputs
+             if value.producer() is not norm and not any(value is old for old in replaced)]
         earlier.node = node
         self._learn(list(node.outputs), replaced)
         earlier.record.op_type = self.target.label(node)

@@ -46,6 +46,7 @@ from ort_rmsnorm.contract import (
     OURS_RMSNORM,
     OURS_SKIP_RMSNORM,
     RMSNORM,
+    SKIP_NORM_OPS,
     SKIP_RMSNORM,
     STASH_TYPE,
     qualified,
@@ -176,10 +177,10 @@ def default_opset(graph_like: ir.Graph | ir.Function, model: ir.Model) -> int:
 
 def emit_sum(op, spec: SkipSpec) -> tuple[ir.Value, ir.Value]:
     """(the value the norm reads, the ``sum`` output) as Adds: ``(x + skip) + bias``, each addition rounded to
-    float32, then rounded to the type. A 16-bit Add of x and skip is that already (float32 holds the sum of two
-    16-bit values well enough that rounding it to float32 first changes nothing); a bias, or a norm of the unrounded
-    sum, takes explicit float32 Adds."""
-    if not (spec.dtype in SIXTEEN_BIT and (spec.bias is not None or spec.float32_sum)):
+    float32, then rounded to the type. For a 16-bit type the Adds are float32 ones between explicit Casts: onnxruntime
+    has no 16-bit Add on the CPU, and the float32 one it puts in for a float16 Add loses that Add's rounding when a
+    Cast to float32 follows (it removes the Cast pair it made)."""
+    if spec.dtype == ir.DataType.FLOAT:
         total = op.Add(spec.x, spec.skip)
         if spec.bias is not None:
             total = op.Add(total, spec.bias)
@@ -457,7 +458,7 @@ class _StandardLikeTarget(Target):
 class OnnxTarget(_StandardLikeTarget):
     name = ONNX
     norm_op = ONNX_RMSNORM
-    converts = tuple(op for op in NORM_OPS if op != ONNX_RMSNORM)
+    converts = (*(op for op in NORM_OPS if op != ONNX_RMSNORM), *SKIP_NORM_OPS)  # a residual op: Adds + the norm
     opset = ONNX_RMSNORM_OPSET
 
     def adapt(self, spec, graph_like, model, facts):
