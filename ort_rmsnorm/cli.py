@@ -26,6 +26,8 @@ from .command_line import (
     exit_with,
     for_cli,
     make_directory,
+    printable,
+    printable_lines,
     run_program,
 )
 from .bench.about import HELP as BENCH_HELP
@@ -111,9 +113,9 @@ def run_verification(original: Path, fused: Path, inputs: VerificationInputs, ar
         result = verify.verify(original, fused, dims=inputs.dims, inputs=inputs.arrays, seed=args.seed,
                                optimization=args.optimization)
     except verify.FusedModelError as error:
-        print(f"verify: MISMATCH: {error}")
+        print(printable_lines(f"verify: MISMATCH: {error}"))
         return EXIT_MISMATCH
-    print(result.describe())
+    print(printable_lines(result.describe()))
     return EXIT_OK if result.ok else EXIT_MISMATCH
 
 
@@ -121,8 +123,9 @@ def run_folder_verification(original: Path, fused: Path, inputs: VerificationInp
     from .folders import verify_folder
 
     result = verify_folder(original, fused, dims=inputs.dims, inputs=inputs.arrays, seed=args.seed,
-                           optimization=args.optimization, progress=Progress(args.quiet).stage)
-    print(result.describe())
+                           optimization=args.optimization, follow_symlinks=args.follow_symlinks,
+                           progress=Progress(args.quiet).stage)
+    print(printable_lines(result.describe()))
     return EXIT_OK if result.ok else EXIT_MISMATCH
 
 
@@ -135,16 +138,22 @@ def add_fuse_arguments(parser: argparse.ArgumentParser) -> None:
                              "folder of .onnx files (never modified)")
     parser.add_argument("destination", type=_output_file, metavar="OUT",
                         help="fused model, written atomically, external data going to OUT.onnx.data; for a folder, "
-                             "the output folder, written atomically, which must not exist or be empty")
+                             "the output folder, written atomically, which must not exist or be empty (or, with "
+                             "--replace, be a folder fuse wrote)")
     parser.add_argument("--target", choices=TARGETS, default=DEFAULT_TARGET,
                         help="custom: ort_rmsnorm.RMSNorm/SkipRMSNorm (default); onnx: RMSNormalization (opset 23); "
                              "ort: onnxruntime's SimplifiedLayerNormalization")
     parser.add_argument("--convert-opset", action="store_true",
                         help="with --target onnx: convert a model below opset 23 to opset 23")
+    parser.add_argument("--through-qdq", action="store_true",
+                        help="fuse norms across the QuantizeLinear/DequantizeLinear pairs inside them (int8 QDQ "
+                             "models), dropping those roundings; the pairs at a norm's input and output stay")
     parser.add_argument("--report", type=_output_file, metavar="REPORT.json",
                         help="write the fusion report as JSON (for a folder: one report, per model)")
     parser.add_argument("--replace", action="store_true",
-                        help="for a folder: replace an existing non-empty output folder as a whole")
+                        help="for a folder: replace an output folder that fuse wrote (it carries ort-rmsnorm.json "
+                             "and nothing else was added to it); any other non-empty folder is refused")
+    add_follow_symlinks_argument(parser)
     parser.add_argument("--verify", action="store_true",
                         help="then run IN and OUT on the same inputs and compare (as `verify`)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
@@ -154,21 +163,27 @@ def add_fuse_arguments(parser: argparse.ArgumentParser) -> None:
 def run_fuse(args: argparse.Namespace) -> int:
     if not args.verify and (args.dim or args.inputs):
         raise UsageError("--dim and --input only set the inputs of --verify: add --verify, or leave them out")
+    if args.verify and args.through_qdq:
+        raise UsageError("--verify compares OUT with IN within float tolerances, and --through-qdq drops roundings "
+                         "that IN makes (quantization steps): compare OUT with the model before quantization "
+                         "instead (docs/fusion.md, \"Quantized models\")")
     verification_inputs = read_verification_inputs(args) if args.verify else None
     if args.source.is_dir():
         return run_fuse_folder(args, verification_inputs)
     if args.replace:
         raise UsageError("--replace is for folders (IN is a folder); an existing OUT.onnx is replaced anyway")
+    if args.follow_symlinks:
+        raise UsageError("--follow-symlinks is for folders (IN is a folder); a model file is read through its links")
     from .fusion import fuse_file  # the pass (onnxscript) is imported after the input checks, which fail fast
 
     note_leftover_temporaries(args.destination)
     progress = Progress(args.quiet)
     fused = fuse_file(args.source, args.destination, args.target, report_path=args.report,
-                      allow_opset_upgrade=args.convert_opset, progress=progress.stage,
-                      on_tensor_written=progress.tensors_written, wording=for_cli)
+                      allow_opset_upgrade=args.convert_opset, through_qdq=args.through_qdq,
+                      progress=progress.stage, on_tensor_written=progress.tensors_written, wording=for_cli)
     progress.stage("done")
 
-    print(for_cli(fused.report.summary()))
+    print(printable_lines(for_cli(fused.report.summary())))
     print(f"wrote {args.destination}" + (f" (external data: {fused.data_file})" if fused.data_file else "")
           + (f", report {args.report}" if args.report is not None else ""))
     if not args.verify:
@@ -177,14 +192,21 @@ def run_fuse(args: argparse.Namespace) -> int:
     return run_verification(args.source, args.destination, verification_inputs, args)
 
 
+def add_follow_symlinks_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--follow-symlinks", action="store_true",
+                        help="for a folder: also read through symbolic links that lead out of it to regular files "
+                             "or folders (a Hugging Face cache snapshot, whose files link to ../../blobs/); without "
+                             "it such links are refused, and device files, FIFOs, sockets and link loops always are")
+
+
 def note_leftover_temporaries(destination: Path) -> None:
     """A note on stderr for each temporary of ``destination`` already there. They are not removed: one left by a
     killed run looks the same as one a run writing the same output right now is using."""
     from .durable import leftover_temporaries
 
     for path in leftover_temporaries(destination):
-        print(f"{PROG} fuse: note: {path}: a temporary left by an interrupted run (or one writing {destination} now); "
-              "remove it when no run is writing there", file=sys.stderr)
+        print(printable(f"{PROG} fuse: note: {path}: a temporary left by an interrupted run (or one writing "
+                        f"{destination} now); remove it when no run is writing there"), file=sys.stderr)
 
 
 def run_fuse_folder(args: argparse.Namespace, verification_inputs: VerificationInputs | None) -> int:
@@ -198,12 +220,14 @@ def run_fuse_folder(args: argparse.Namespace, verification_inputs: VerificationI
     note_leftover_temporaries(args.destination)
     progress = Progress(args.quiet)
     report = folders.fuse_folder(args.source, args.destination, args.target, replace=args.replace,
-                                 allow_opset_upgrade=args.convert_opset, progress=progress.stage,
-                                 on_tensor_written=progress.tensors_written)
+                                 follow_symlinks=args.follow_symlinks, allow_opset_upgrade=args.convert_opset,
+                                 through_qdq=args.through_qdq,
+                                 progress=progress.stage, on_tensor_written=progress.tensors_written)
     if args.report is not None:
         model_io.write_text_atomically(args.report, for_cli(report.to_json()))
-    print(for_cli(report.summary()))
-    print(f"wrote {args.destination}" + (f", report {args.report}" if args.report is not None else ""))
+    print(printable_lines(for_cli(report.summary())))
+    print(printable_lines(f"wrote {args.destination}" + (f", report {args.report}" if args.report is not None
+                                                          else "")))
     if not args.verify:
         return EXIT_OK
     progress.stage(f"verifying {args.destination} against {args.source}")
@@ -219,10 +243,13 @@ def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("fused", type=Path, metavar="FUSED",
                         help="the fused model, or the folder `fuse` wrote: each of its models is compared")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr (folders)")
+    add_follow_symlinks_argument(parser)
     add_verify_input_arguments(parser)
 
 
 def run_verify(args: argparse.Namespace) -> int:
+    if args.follow_symlinks and not args.original.is_dir():
+        raise UsageError("--follow-symlinks is for folders (ORIGINAL is a folder)")
     return run_verification(args.original, args.fused, read_verification_inputs(args), args)
 
 

@@ -3,8 +3,9 @@
 Every output is first written under a temporary name next to it (``.NAME.tmp-*``, :func:`temporary_prefix`), flushed
 to disk (:func:`fsync`), then renamed into place; the directory is flushed after the rename. A file goes in with one
 rename (:func:`write_file`), a model and its data file with two under a lock (:func:`move_into_place`), a folder with
-one rename or one exchange (:func:`publish_folder`). A temporary left by a killed process stays until removed by hand:
-a later run cannot tell it from the temporary of a run still writing (:func:`leftover_temporaries`).
+one rename or one exchange (:func:`publish_folder`; the folder it replaces is removed by the caller's rule). A
+temporary left by a killed process stays until removed by hand: a later run cannot tell it from the temporary of a
+run still writing (:func:`leftover_temporaries`).
 
 Errors are ``OSError`` (naming the path where the system does); callers say what they were writing.
 """
@@ -21,9 +22,10 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Iterator
 
-STAGED, PREVIOUS = ".tmp-", ".old-"
+STAGED, PREVIOUS, KEPT = ".tmp-", ".old-", ".kept-"
 """A temporary of the output ``NAME`` is named ``.NAME`` + marker + random characters, in ``NAME``'s directory:
-``STAGED`` while it is written, ``PREVIOUS`` for a replaced output folder on its way out."""
+``STAGED`` while it is written, ``PREVIOUS`` for a replaced output folder on its way out. ``KEPT`` names what a
+replaced folder held beyond what its ``discard`` removes: not a temporary, it is the user's to look at."""
 
 
 def temporary_prefix(output: Path, marker: str = STAGED) -> str:
@@ -162,10 +164,14 @@ class NotEmptyError(FileExistsError):
     """The destination folder is not empty (and was not to be replaced)."""
 
 
-def publish_folder(staging: Path, destination: Path, *, replace: bool) -> None:
+def publish_folder(staging: Path, destination: Path, *, replace: bool,
+                   discard: Callable[[Path], None] = shutil.rmtree) -> Path | None:
     """Moves the complete (flushed) staging folder to ``destination``. An absent or empty ``destination`` is replaced
     by the rename; a non-empty one only with ``replace`` (else :class:`NotEmptyError`), swapped out in one step where
-    the system can (:func:`exchange`), else moved aside first, and then removed."""
+    the system can (:func:`exchange`), else moved aside first; then ``discard(previous folder)`` removes what it may
+    of it. Whatever it leaves (all of it, if interrupted) is moved to a ``.NAME.kept-*`` folder next to
+    ``destination``, which is returned (None when nothing was left)."""
+    kept = None
     if not destination.exists() or not any(destination.iterdir()):
         try:
             os.replace(staging, destination)  # rename(2) replaces an empty directory
@@ -176,7 +182,7 @@ def publish_folder(staging: Path, destination: Path, *, replace: bool) -> None:
     elif not replace:
         raise NotEmptyError(errno.ENOTEMPTY, os.strerror(errno.ENOTEMPTY), str(destination))
     elif exchange(staging, destination):
-        shutil.rmtree(staging)  # now the previous folder
+        kept = _retire(staging, destination, discard, aside=None)  # staging now holds the previous folder
     else:
         previous = Path(tempfile.mkdtemp(dir=destination.parent, prefix=temporary_prefix(destination, PREVIOUS)))
         os.replace(destination, previous / "folder")
@@ -184,7 +190,30 @@ def publish_folder(staging: Path, destination: Path, *, replace: bool) -> None:
             os.replace(staging, destination)
         except BaseException:
             os.replace(previous / "folder", destination)
-            raise
-        finally:
             shutil.rmtree(previous, ignore_errors=True)
+            raise
+        kept = _retire(previous / "folder", destination, discard, aside=previous)
+        if kept is None:
+            os.rmdir(previous)
+        else:
+            kept = Path(tempfile.mkdtemp(dir=destination.parent, prefix=temporary_prefix(destination, KEPT)))
+            os.replace(previous / "folder", kept / "folder")
+            os.rmdir(previous)
     fsync(destination.parent)
+    return kept
+
+
+def _retire(previous: Path, destination: Path, discard: Callable[[Path], None], *, aside: Path | None) -> Path | None:
+    """Removes the replaced folder ``previous`` with ``discard``; what is left (all of it when interrupted) stays in
+    the ``.NAME.old-*`` folder ``aside`` (the caller moves it on) or is moved to a ``.NAME.kept-*`` folder; returns
+    that folder."""
+    try:
+        discard(previous)
+    finally:
+        kept = None
+        if os.path.lexists(previous):
+            kept = aside
+            if kept is None:
+                kept = Path(tempfile.mkdtemp(dir=destination.parent, prefix=temporary_prefix(destination, KEPT)))
+                os.replace(previous, kept / "folder")
+    return kept

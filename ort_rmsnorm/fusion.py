@@ -78,13 +78,15 @@ class ModelFile:
         """The file and its data files."""
         return [self.path, *self.data_files]
 
-    def fuse(self, target: str = DEFAULT_TARGET, *, allow_opset_upgrade: bool = False) -> FusionReport:
+    def fuse(self, target: str = DEFAULT_TARGET, *, allow_opset_upgrade: bool = False,
+             through_qdq: bool = False) -> FusionReport:
         """Fuses the model in place; the report starts with the notes of reading it. onnx's version converter
         refusing the model (``allow_opset_upgrade``) is a ModelFileError naming the file."""
         from .rewrites import fuse_model  # imports onnxscript
 
         try:
-            return fuse_model(self.model, target, allow_opset_upgrade=allow_opset_upgrade, notes=self.notes)
+            return fuse_model(self.model, target, allow_opset_upgrade=allow_opset_upgrade, through_qdq=through_qdq,
+                              notes=self.notes)
         except ValueError as error:
             raise model_io.ModelFileError(f"{self.path}: {model_io.one_line(error)}") from None
 
@@ -112,6 +114,7 @@ def fuse_file(
     *,
     report_path: str | os.PathLike | None = None,
     allow_opset_upgrade: bool = False,
+    through_qdq: bool = False,
     progress: Callable[[str], None] | None = None,
     on_tensor_written: Callable[[int, int], None] | None = None,
     wording: Callable[[str], str] | None = None,
@@ -127,6 +130,8 @@ def fuse_file(
         report_path: where to write the report as JSON too (atomically; not over the input or the output).
         allow_opset_upgrade: with ``target="onnx"``, convert a model below opset 23 with onnx's version converter
             (otherwise its norms are reported as skipped).
+        through_qdq: fuse norms across the QuantizeLinear/DequantizeLinear pairs inside them (an int8 QDQ model's),
+            dropping those roundings (listed in each fusion's ``roundings``); the pairs at the norm's boundaries stay.
         progress: called with one line per stage (loading, fusing, writing).
         on_tensor_written: ``(index, total)`` while external data is written.
         wording: the report's JSON passes through it before it is written (the command line names its own flags).
@@ -149,7 +154,7 @@ def fuse_file(
         model_io.check_output_path(report_path, [], external_data=False)
         model_io.refuse_overwriting(report_path, [*loaded.protected, *outputs], "the input or output")
     say(f"fusing (target {target})")
-    report = loaded.fuse(target, allow_opset_upgrade=allow_opset_upgrade)
+    report = loaded.fuse(target, allow_opset_upgrade=allow_opset_upgrade, through_qdq=through_qdq)
     say(f"writing {destination}")
     data_file = loaded.save(destination, on_tensor_written=on_tensor_written)
     if report_path is not None:
@@ -159,14 +164,18 @@ def fuse_file(
 
 
 @overload
-def fuse(model: ir.Model, target: str = ..., *, allow_opset_upgrade: bool = ...) -> tuple[ir.Model, FusionReport]: ...
+def fuse(
+    model: ir.Model, target: str = ..., *, allow_opset_upgrade: bool = ..., through_qdq: bool = ...
+) -> tuple[ir.Model, FusionReport]: ...
 @overload
 def fuse(
-    model: onnx.ModelProto | str | os.PathLike, target: str = ..., *, allow_opset_upgrade: bool = ...
+    model: onnx.ModelProto | str | os.PathLike, target: str = ..., *, allow_opset_upgrade: bool = ...,
+    through_qdq: bool = ...
 ) -> tuple[onnx.ModelProto, FusionReport]: ...
 
 
-def fuse(model: ModelLike, target: str = DEFAULT_TARGET, *, allow_opset_upgrade: bool = False):
+def fuse(model: ModelLike, target: str = DEFAULT_TARGET, *, allow_opset_upgrade: bool = False,
+         through_qdq: bool = False):
     """Fuses every decomposed RMSNorm in ``model`` and returns ``(fused_model, report)``; the input is not modified.
 
     Args:
@@ -178,6 +187,7 @@ def fuse(model: ModelLike, target: str = DEFAULT_TARGET, *, allow_opset_upgrade:
         target: ``"custom"``, ``"onnx"`` or ``"ort"``.
         allow_opset_upgrade: with ``target="onnx"``, convert a model below opset 23 with onnx's version converter
             (otherwise its norms are reported as skipped).
+        through_qdq: fuse norms across the QuantizeLinear/DequantizeLinear pairs inside them, as :func:`fuse_file`.
 
     Returns:
         The fused model and a :class:`FusionReport` (``fusions``, ``skipped`` near misses with reasons,
@@ -187,7 +197,7 @@ def fuse(model: ModelLike, target: str = DEFAULT_TARGET, *, allow_opset_upgrade:
         from .rewrites import fuse_model
 
         copy = model.clone()
-        return copy, fuse_model(copy, target, allow_opset_upgrade=allow_opset_upgrade)
+        return copy, fuse_model(copy, target, allow_opset_upgrade=allow_opset_upgrade, through_qdq=through_qdq)
     notes: list[str] = []
     if isinstance(model, (str, os.PathLike)):
         loaded = ModelFile.load(model)
@@ -198,5 +208,6 @@ def fuse(model: ModelLike, target: str = DEFAULT_TARGET, *, allow_opset_upgrade:
         raise TypeError(f"fuse() takes an onnx.ModelProto, an onnx_ir.Model or a path, not {type(model).__name__}")
     from .rewrites import fuse_model
 
-    report = fuse_model(ir_model, target, allow_opset_upgrade=allow_opset_upgrade, notes=notes)
+    report = fuse_model(ir_model, target, allow_opset_upgrade=allow_opset_upgrade, through_qdq=through_qdq,
+                        notes=notes)
     return ir.serde.serialize_model(ir_model), report

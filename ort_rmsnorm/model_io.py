@@ -29,6 +29,9 @@ from .contract import MS_DOMAIN, ONNX_DOMAINS, ORT_SIMPLIFIED_LAYER_NORM
 
 # A serialized protobuf message cannot exceed 2 GiB; graphs beyond that keep their weights in external data files.
 PROTOBUF_LIMIT_BYTES = 2**31 - 1
+# protobuf's parsers (upb in Python, the C++ one in onnxruntime) refuse messages nested deeper than this.
+PROTOBUF_NESTING_LIMIT = 100
+_NESTING_MARKERS = ("MaxDepth", "recursion limit", "Recursion limit", "levels of nesting")  # upb, C++, Python
 # Tensors at or above this size go to the external data file when the output uses external data (onnx's default).
 EXTERNAL_DATA_THRESHOLD_BYTES = 1024
 # onnxruntime registers these ops (the `--target ort` output) in the default ONNX domain, where onnx.checker does not
@@ -69,6 +72,12 @@ def _read_checked_proto(path: Path, notes: list[str] | None = None) -> onnx.Mode
     try:
         proto = onnx.load_model(str(path), load_external_data=False)
     except (DecodeError, RuntimeError, ValueError) as error:
+        if any(marker in str(error) for marker in _NESTING_MARKERS):
+            raise ModelFileError(
+                f"{path}: not a readable ONNX model: its messages nest deeper than protobuf's parser allows "
+                f"({PROTOBUF_NESTING_LIMIT} levels; each If, Loop or Scan body inside another takes 3, so bodies "
+                "nested about 32 deep reach it): neither onnx nor onnxruntime can read it"
+            ) from None
         raise ModelFileError(
             f"{path}: not a readable ONNX model (truncated or corrupted protobuf: {one_line(error)})"
         ) from None

@@ -2,10 +2,11 @@
 
 ONNX shape inference (symbolic dims) runs on the main graph and its subgraphs, on a copy of the model without its
 large initializers' data (onnx_ir's helper behind its ShapeInferencePass), so external weights are never loaded.
-Where ONNX gives a `Slice` with computed starts or ends no dims at all, the dims the slice does not touch are put back
-and inference runs again (see :func:`_slice_dims_gained`). Model-local function bodies get no shapes from it, so each
-function is inferred on its own from the types at its call sites. The results go into a :class:`TypeTable`; the model
-keeps its own annotations.
+The copy's subgraph values are named apart first, and the dims ONNX leaves unknown that the graph shows (after a
+`Slice` with computed bounds, a `Reshape` of a computed shape, in a `Loop` body's carried values) are put back and
+inference runs again (:mod:`ort_rmsnorm.shape_refinement`). Model-local function bodies get no shapes from it, so
+each function is inferred on its own from the types at its call sites. The results go into a :class:`TypeTable`;
+the model keeps its own annotations.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from onnx_ir.passes.common import _c_api_utils
 
 from .contract import ONNX_DOMAINS
 from .model_graphs import call_sites, graph_likes, values_of
+from .shape_refinement import infer_shapes, names_apart
 
 logger = logging.getLogger(__name__)
 
@@ -145,12 +147,16 @@ def infer_types(model: ir.Model) -> TypeTable:
         # ones (the larger initializers are left out, so weights are not read).
         for value, tensor in small_external.items():
             value.const_value = ir.Tensor(tensor.numpy(), name=tensor.name)
-        slices = _slices_with_constant_axes(model.graph)
+        # Initializers that are also graph inputs are no constants (onnx_ir's helper makes every initializer an
+        # input of the proto it infers).
+        overridable = frozenset(value.name for value in model.graph.inputs if value.is_initializer() and value.name)
         stripped: list[onnx.ModelProto] = []
+        renames: list[dict[str, str]] = []
 
         def infer(proto: onnx.ModelProto) -> onnx.ModelProto:
+            renames.extend(names_apart(proto))
             stripped.append(proto)
-            return _infer_shapes(proto, slices)
+            return infer_shapes(proto, overridable)
 
         inferred_proto = _c_api_utils.call_onnx_api(infer, model)
     except Exception as error:  # noqa: BLE001 - as onnx_ir's ShapeInferencePass: the model's own annotations stand
@@ -161,14 +167,15 @@ def infer_types(model: ir.Model) -> TypeTable:
             value.const_value = tensor
     inferred_graphs = ir.serde.deserialize_model(inferred_proto).graphs() if inferred_proto is not None else ()
     found: dict[ir.Value, tuple[ir.DataType | None, ir.Shape | None]] = {}
-    for graph, inferred_graph in itertools.zip_longest(model.graphs(), inferred_graphs):
+    for graph, inferred_graph, renamed in itertools.zip_longest(model.graphs(), inferred_graphs, renames):
         by_name = (
             ir.convenience.create_value_mapping(inferred_graph, include_subgraphs=False)
             if inferred_graph is not None
             else {}
         )
+        renamed = renamed or {}
         for value in values_of(graph):
-            other = by_name.get(value.name)
+            other = by_name.get(renamed.get(value.name, value.name))
             dtype = other.dtype if other is not None and other.dtype is not None else value.dtype
             shape = other.shape if other is not None and other.shape is not None else value.shape
             found[value] = (dtype, shape)
@@ -198,86 +205,6 @@ def _symbolic_shapes(proto: onnx.ModelProto, values: Mapping[str, ir.Value]) -> 
         if value is not None and info.type.HasField("tensor_type"):
             shapes[value] = _type_and_shape(info.type.tensor_type)
     return shapes, None
-
-
-def _infer_shapes(proto: onnx.ModelProto, slices: list[tuple[str, str, list[int]]]) -> onnx.ModelProto:
-    """ONNX inference of ``proto`` (a model, or a function body as one), again with the untouched dims of ``slices``
-    (see :func:`_slices_with_constant_axes`) put back while that gains any (each round can reach slices further
-    down: in Phi-3, the next layer's). Every further round gains some slice a dim, so
-    a cap of one round per slice only stops a model whose slices gain dims piecemeal or back and forth; the dims
-    gained until then stand."""
-    graph = proto.graph
-    stable = {
-        dim.dim_param
-        for info in (*graph.input, *graph.output, *graph.value_info)
-        for dim in info.type.tensor_type.shape.dim
-        if dim.dim_param
-    }
-    refined: dict[str, onnx.ValueInfoProto] = {}
-    for _ in range(len(slices) + 1):
-        annotated = onnx.ModelProto()
-        annotated.CopyFrom(proto)
-        if refined:
-            kept = [info for info in annotated.graph.value_info if info.name not in refined]
-            del annotated.graph.value_info[:]
-            annotated.graph.value_info.extend([*kept, *refined.values()])
-        inferred = onnx.shape_inference.infer_shapes(annotated, check_type=False, strict_mode=False, data_prop=True)
-        gained = _slice_dims_gained(inferred.graph, slices, stable)
-        if not gained:
-            return inferred
-        logger.info("shape inference again, with the untouched dims of %d more slices", len(gained))
-        refined.update(gained)
-    return inferred
-
-
-def _slice_dims_gained(
-    graph: onnx.GraphProto, slices: list[tuple[str, str, list[int]]], stable: set[str]
-) -> dict[str, onnx.ValueInfoProto]:
-    """Slice outputs given the input's dims on the axes the slice does not touch, where the input's dim is a size or
-    one of the model's own symbols (``stable``; those ONNX invents differ from run to run) and the output's is not
-    the same. ONNX infers only the rank of a Slice whose starts or ends are computed (Phi-3's MLP splits gate and up
-    so, from `Shape`); everything after it loses the batch and sequence dims, down to the residual `Add`, which then
-    cannot be shown to be no broadcast. Only slices with constant `axes` qualify: they say which dims are untouched.
-    An annotation keeps a symbolic dim over the one ONNX infers, so a gained dim stays in later rounds."""
-    infos = {info.name: info for info in (*graph.input, *graph.value_info, *graph.output)}
-    gained = {}
-    for data, output, axes in slices:
-        if data not in infos or output not in infos:
-            continue
-        data_dims = infos[data].type.tensor_type.shape.dim
-        info = onnx.ValueInfoProto()
-        info.CopyFrom(infos[output])
-        dims = info.type.tensor_type.shape.dim
-        rank = len(data_dims)
-        if len(dims) != rank or not infos[data].type.tensor_type.HasField("shape"):
-            continue
-        if any(not -rank <= axis < rank for axis in axes):
-            continue  # an invalid model; onnxruntime will say so
-        sliced = {axis % rank for axis in axes}
-        changed = False
-        for i, (source, dim) in enumerate(zip(data_dims, dims)):
-            known = source.HasField("dim_value") or source.dim_param in stable
-            if i not in sliced and known and (source.dim_value, source.dim_param) != (dim.dim_value, dim.dim_param):
-                dim.CopyFrom(source)
-                changed = True
-        if changed:
-            gained[output] = info
-    return gained
-
-
-def _slices_with_constant_axes(graph_like: ir.Graph | ir.Function) -> list[tuple[str, str, list[int]]]:
-    """(input name, output name, axes) of the Slices of one graph or function body whose `axes` is a small integer
-    constant: those whose untouched dims :func:`_slice_dims_gained` may put back."""
-    slices = []
-    for node in graph_like:
-        if node.op_type != "Slice" or node.domain not in ONNX_DOMAINS or len(node.inputs) < 4:
-            continue
-        data, output, axes = node.inputs[0], node.outputs[0], constant_tensor(node.inputs[3])
-        if data is None or not data.name or not output.name or axes is None or axes.nbytes > SMALL_TENSOR_BYTES:
-            continue
-        if axes.dtype in (ir.DataType.INT64, ir.DataType.INT32):
-            slices.append((data.name, output.name, [int(axis) for axis in axes.numpy().reshape(-1)]))
-    return slices
 
 
 def computed_dtypes(model: ir.Model) -> set[ir.DataType]:
@@ -368,8 +295,9 @@ def _infer_function_body(model: ir.Model, function: ir.Function, inputs) -> dict
     opsets = [onnx.helper.make_opsetid(domain, version) for domain, version in function.opset_imports.items()]
     others = [ir.serde.serialize_function(other) for other in model.functions.values() if other is not function]
     proto = onnx.helper.make_model(graph, opset_imports=opsets, functions=others, ir_version=model.ir_version)
+    names_apart(proto)  # the body's own names stay as they are; those of its subgraphs get no facts here
     try:
-        inferred = _infer_shapes(proto, _slices_with_constant_axes(function))
+        inferred = infer_shapes(proto)
     except Exception as error:  # noqa: BLE001 - the body stays without shapes; rules then say why they skip
         logger.info("shape inference of function %s failed: %s", function.name, error)
         return {}

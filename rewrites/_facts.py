@@ -175,7 +175,10 @@ def require_scalar(value: ir.Value | None, what: str, facts: Facts, max_rank: in
 
 
 def reduction_axes(node: ir.Node, facts: Facts) -> list[int] | None:
-    """The axes a Reduce* node reduces, as written (None: all axes), from the attribute or the constant input."""
+    """The axes a Reduce* node reduces, as written (None: all axes), from the attribute or the constant input; for a
+    GlobalAveragePool, every axis after the second (its definition), which needs the input's rank."""
+    if node.op_type == "GlobalAveragePool":
+        return global_pool_axes(node, facts)
     if "axes" in node.attributes:
         attr = node.attributes["axes"]
         if attr.type != ir.AttributeType.INTS:
@@ -195,6 +198,25 @@ def reduction_axes(node: ir.Node, facts: Facts) -> list[int] | None:
             f"{node.op_type} {label(node)} has no axes and noop_with_empty_axes=1: it reduces nothing", node
         )
     return None
+
+
+def global_pool_axes(node: ir.Node, facts: Facts) -> list[int]:
+    """The axes GlobalAveragePool averages: [2, rank) of its input, keeping them as dims of 1. tf2onnx writes it for a
+    ReduceMean over exactly those axes (at rank 3 the last axis alone); which axes they are follows from the rank."""
+    shape = facts.shape(node.inputs[0]) if node.inputs else None
+    if shape is None:
+        raise NotFusable(
+            f"rank unknown: GlobalAveragePool {label(node)} averages every axis after the second, and its input's "
+            "rank is unknown",
+            node,
+        )
+    if shape.rank() < 3:
+        raise NotFusable(
+            f"GlobalAveragePool {label(node)} on an input of rank {shape.rank()}: it averages the axes after the "
+            "second, and there are none",
+            node,
+        )
+    return list(range(2, shape.rank()))
 
 
 def trailing_axis(axes: list[int] | None, rank: int | None, node: ir.Node) -> int:

@@ -26,9 +26,9 @@ MAX_DEPTH = 16
 # Deterministic ops whose result depends on their inputs' values alone.
 FOLDABLE = frozenset(
     {
-        "Abs", "Add", "Cast", "CastLike", "Concat", "ConstantOfShape", "Div", "Equal", "Expand", "Flatten", "Gather",
-        "Identity", "Max", "Min", "Mul", "Neg", "Pow", "Range", "Reciprocal", "Reshape", "Shape", "Slice", "Sqrt",
-        "Squeeze", "Sub", "Transpose", "Unsqueeze", "Where",
+        "Abs", "Add", "Cast", "CastLike", "Concat", "ConstantOfShape", "DequantizeLinear", "Div", "Equal", "Expand",
+        "Flatten", "Gather", "Identity", "Max", "Min", "Mul", "Neg", "Pow", "Range", "Reciprocal", "Reshape", "Shape",
+        "Slice", "Sqrt", "Squeeze", "Sub", "Transpose", "Unsqueeze", "Where",
     }
 )  # fmt: skip
 _LEGACY_ATTRIBUTES = {"axes": 11, "starts": 9}  # an attribute spelling of these ops' inputs, and an opset that has it

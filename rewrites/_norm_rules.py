@@ -30,15 +30,17 @@ from ._facts import (
 )
 from ._patterns import (
     DIVISIONS,
-    QUANTIZED,
+    FACTORS,
     STATISTIC_CASTS,
     cast,
     divided,
+    factor,
     mean_square,
     normalized,
     quantized,
     rms_and_inverse,
 )
+from ._quantized import numerator_roundings, quantized_roundings
 from ._rule import NormRule
 from ._scales import scale_spec
 from ._session import FusionSession
@@ -47,8 +49,8 @@ from ._targets import NormSpec
 
 # The output each form's pattern names (the match's root is its producer).
 _OUTPUT = {
-    **{form: "out_cast" for form in ("scale_cast", "scale_castlike")},
-    **{form: "scaled" for form in ("scale", "scale_swapped")},
+    **{form: "out_cast" for form in ("scale_cast", "scale_castlike", "factor_cast", "factor_castlike")},
+    **{form: "scaled" for form in ("scale", "scale_swapped", "factor", "factor_swapped")},
     **{form: "norm_cast" for form in ("cast", "castlike")},
     **{form: "normalized" for form in DIVISIONS},
 }
@@ -65,9 +67,11 @@ class RMSNormFusion(NormRule):
         return bindings[_OUTPUT[self.form]].producer()
 
     def pattern(self, op, x, scale):
-        # x: what the statistic is computed from. A pattern's root must be a node, so the division forms take any
-        # numerator (x_num) and leave the comparison with x to the check.
+        # x: what the statistic is computed from. A pattern's root must be a node, so the division and factor forms
+        # take any numerator (x_num) and leave the comparison with x to the check.
         rms, inverse = rms_and_inverse(op, mean_square(op, x))
+        if self.form in FACTORS:
+            return self._factor_pattern(op, inverse, scale)
         if self.form in DIVISIONS:
             return divided(op, self.form, pattern.Var("x_num"), rms, inverse, _outputs=["normalized"])
         value = normalized(op, x, rms, inverse)
@@ -87,31 +91,70 @@ class RMSNormFusion(NormRule):
             return op.CastLike(scaled, pattern.Var("out_cast_like"), _outputs=["out_cast"])
         return op.Cast(scaled, _outputs=["out_cast"])
 
+    def _factor_pattern(self, op, inverse, scale):
+        """``x * factor'`` or ``factor' * x`` (x as ``x_num``, compared with the statistic's x by the check), cast
+        after it for the cast forms."""
+        x_num, value = pattern.Var("x_num"), factor(op, inverse, scale)
+        if self.form == "factor":
+            return op.Mul(x_num, value, _outputs=["scaled"])
+        if self.form == "factor_swapped":
+            return op.Mul(value, x_num, _outputs=["scaled"])
+        scaled = pattern.OrValue([op.Mul(x_num, value, _outputs=["scaled"]), op.Mul(value, x_num, _outputs=["scaled"])])
+        if self.form == "factor_castlike":
+            return op.CastLike(scaled, pattern.Var("out_cast_like"), _outputs=["out_cast"])
+        return op.Cast(scaled, _outputs=["out_cast"])
+
     def check(self, context, x, scale, x_num=None, **bindings):
+        reduce_node = bindings["reduced"].producer()
+        numerator = []  # the roundings of a Q/DQ pair on the divided value only
         if x_num is not None and not _same_input(x, x_num, self._session.facts):  # x / rms(y) is no RMSNorm
-            if constant_array(x_num, self._session.facts) is not None:  # Div(1, rms): an inverse, not a candidate
-                return pattern.MatchResult().fail("divides a constant by the rms")
-            reduce_node = bindings["reduced"].producer()
-            error = _centered_statistic(x, reduce_node, self._session.facts) or NotFusable(
+            try:
+                numerator = numerator_roundings(x, x_num, self._session.facts, self._session.through_qdq)
+            except NotFusable as error:
+                return self._decline(context, error, reduce_node)
+            if numerator is None:
+                return self._other_numerator(context, x, x_num, scale, bindings, reduce_node)
+        analyze = lambda: self._analyze(context, x, scale, bindings, numerator)  # noqa: E731
+        return self._adapted(context, bindings, analyze, anchor=reduce_node)
+
+    def _other_numerator(self, context, x, x_num, scale, bindings, reduce_node) -> pattern.MatchResult:
+        """The value divided by the rms (or multiplied by the factor) is not the one the rms is computed from: a
+        near miss with its reason, or no candidate at all (silent)."""
+        facts = self._session.facts
+        if self.form in FACTORS and scale is not None and _same_input(x, scale, facts):
+            # w * (inverse * x): the scale form's candidate, with x in the factor.
+            return pattern.MatchResult().fail("x times its inverse rms, then a scale: a scale form's candidate")
+        if constant_array(x_num, facts) is not None:  # Div(1, rms), c * (inverse * w): an inverse, not a candidate
+            return pattern.MatchResult().fail("divides a constant by the rms")
+        if self.form not in FACTORS and _is_factor(bindings["normalized"], x, facts):
+            # x * (inverse * w) met as ``inverse * w`` (w the numerator) or ``x * normalized`` (x the scale): the
+            # factor forms' candidate. Their rules met it first (at the same last node, or in an earlier phase) and
+            # said why it stays.
+            if self._session.has_near_miss(reduce_node):
+                return pattern.MatchResult().fail("the factor form's candidate, reported by its rule")
+            error = NotFusable(
+                f"multiplies {label(x)} by its inverse rms times {label(x_num)} (the factor-times-scale form) in a "
+                "spelling the pass does not match",
+                reduce_node,
+            )
+        elif self.form in FACTORS:
+            error = _centered_statistic(x, reduce_node, facts) or NotFusable(
+                f"multiplies {label(x_num)} by the inverse rms of another value, {label(x)}, times {label(scale)}: "
+                "not a norm of either",
+                reduce_node,
+            )
+        else:
+            error = _centered_statistic(x, reduce_node, facts) or NotFusable(
                 f"divides {label(x_num)} by the rms of another value, {label(x)}: not a norm of either", reduce_node
             )
-            return self._decline(context, error, reduce_node)
-        analyze = lambda: self._analyze(context, x, scale, bindings)  # noqa: E731
-        return self._adapted(context, bindings, analyze, anchor=bindings["reduced"].producer())
+        return self._decline(context, error, reduce_node)
 
     # ---- the checks ----
 
-    def _analyze(self, context, x: ir.Value, scale: ir.Value | None, b: dict) -> NormSpec:
+    def _analyze(self, context, x: ir.Value, scale: ir.Value | None, b: dict, numerator: list[str]) -> NormSpec:
         facts = self._session.facts
         reduce_node = b["reduced"].producer()
-        # The first pair in the data's order names the reason (every form of the norm then gives the same one).
-        first = next((name for name in QUANTIZED if b.get(name) is not None), None)
-        if first is not None:
-            raise NotFusable(
-                f"a QuantizeLinear/DequantizeLinear pair inside the norm rounds {QUANTIZED[first]} to its quantized "
-                "type: the fused op would not",
-                b[first].producer(),
-            )
+        quantized = quantized_roundings(b, facts, self._session.through_qdq) + numerator
         if b.get("exponent") is not None:
             exponent = require_scalar(b["exponent"], "the square's exponent", facts, None)
             if exponent != 2:
@@ -120,7 +163,7 @@ class RMSNormFusion(NormRule):
         rank = x_shape.rank() if x_shape is not None else None
         axis = trailing_axis(reduction_axes(reduce_node, facts), rank, reduce_node)
         check_dropped_dims(reduce_node, x_shape, -axis)
-        if reduce_node.op_type != "ReduceMean":
+        if reduce_node.op_type not in ("ReduceMean", "GlobalAveragePool"):
             _check_count(b["mean_square"].producer(), b["count"], x_shape, -axis, facts)
         epsilon, placement = _epsilon(b, rank, facts)
         if b.get("one") is not None and require_scalar(b["one"], "the numerator of 1/rms", facts, rank) != 1:
@@ -132,8 +175,10 @@ class RMSNormFusion(NormRule):
             raise NotFusable("Pow(ms + eps, p) with p != -0.5 is not the inverse of the rms", b["minus_half"])
         _reject_centered(x, axis, rank, facts)
         _check_intermediates(context)
-        roundings = _statistic_roundings(b, facts)
+        roundings = quantized + _statistic_roundings(b, facts)
         fused_x = _fused_input(x, context.output_values[0], b, facts)
+        if self.form in FACTORS:
+            roundings += _factor_roundings(b, facts)
         scaled = scale_spec(scale, x_shape, -axis, facts)
         entering_scale = b.get("norm_cast") or b.get("normalized")
         if scale is not None and entering_scale is not None and facts.dtype(entering_scale) in SIXTEEN_BIT:
@@ -162,6 +207,32 @@ def _statistic_roundings(b: dict, facts) -> list[str]:
             what = "squares are" if name.startswith("sq_") else "statistic is"
             roundings.append(f"the {what} rounded to {dtype_name(to)}")
     return list(dict.fromkeys(roundings))
+
+
+def _factor_roundings(b: dict, facts) -> list[str]:
+    """The factor ``inverse * scale`` is rounded to its type before it multiplies x; the fused op rounds once, at
+    its output. A factor cast to a type the fused ops do not compute in is not fused."""
+    value = b.get("factor_cast") or b["factor"]
+    dtype = facts.dtype(value)
+    if dtype not in NORM_DTYPES:
+        raise NotFusable(
+            f"the inverse rms times the scale is {dtype_name(dtype)}: the fused ops compute it in float32", value
+        )
+    return [f"the inverse rms times the scale is rounded to {dtype_name(dtype)}"] if dtype in SIXTEEN_BIT else []
+
+
+def _is_factor(value: ir.Value, x: ir.Value, facts) -> bool:
+    """``value`` (a product of the inverse rms of x and something else) is multiplied by x itself, possibly after a
+    cast: ``x * (inverse * w)``, the factor-times-scale form."""
+    products = [value] + [node.outputs[0] for node in value.consumers() if is_cast(node)]
+    for product in products:
+        for user in product.consumers():
+            if user.op_type != "Mul" or user.domain != "" or len(user.inputs) != 2:
+                continue
+            others = [operand for operand in user.inputs if operand is not product]
+            if others and others[0] is not None and _same_input(x, others[0], facts):
+                return True
+    return False
 
 
 def _same_input(x: ir.Value, x_num: ir.Value, facts) -> bool:
@@ -236,7 +307,12 @@ def _reject_centered(x: ir.Value, axis: int, rank, facts) -> None:
         return
     for operand, other in ((producer.inputs[0], producer.inputs[1]), (producer.inputs[1], producer.inputs[0])):
         mean = _strip_casts(other).producer()
-        if mean is None or mean.op_type != "ReduceMean" or _strip_casts(mean.inputs[0]) is not _strip_casts(operand):
+        if (
+            mean is None
+            or mean.op_type not in ("ReduceMean", "GlobalAveragePool")
+            or mean.domain != ""
+            or _strip_casts(mean.inputs[0]) is not _strip_casts(operand)
+        ):
             continue
         try:
             same_axes = trailing_axis(reduction_axes(mean, facts), rank, mean) == axis

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import onnx
 import onnx_ir as ir
-import onnx_ir.passes.common as common_passes
 from onnxscript.rewriter import pattern
 
 from ort_rmsnorm.contract import DEFAULT_TARGET, NORM_OPS, SKIP_NORM_OPS, qualified
@@ -16,6 +14,7 @@ from ort_rmsnorm.model_types import TypeTable, infer_types
 from ._annotations import Annotations, visiting_order
 from ._cleanup import between_phases, finish
 from ._facts import Facts, label
+from ._opset_upgrade import upgrade_default_opset
 from ._report import FusionReport
 from ._rule_set import PhasedRuleSet, build_phases
 from ._session import FusionSession
@@ -23,7 +22,9 @@ from ._target_list import get_target
 from ._targets import default_opset
 
 
-def rules(target: str = DEFAULT_TARGET, *, types: TypeTable | None = None) -> pattern.RewriteRuleSet:
+def rules(
+    target: str = DEFAULT_TARGET, *, types: TypeTable | None = None, through_qdq: bool = False
+) -> pattern.RewriteRuleSet:
     """The fusion rules for ``target`` as an onnxscript RewriteRuleSet, to compose with other rewrites (it applies
     its phases one after the other, see ``_rule_set``).
 
@@ -32,9 +33,11 @@ def rules(target: str = DEFAULT_TARGET, *, types: TypeTable | None = None) -> pa
     way there is no report and onnxscript's own clean-up runs (it renames unnamed values and removes every unused
     node); :func:`fuse_model` does neither. A residual fusion puts the skip op where the norm was, which may be after
     other readers of the Add's output: run onnx_ir's TopologicalSortPass afterwards (``fuse_model`` sorts where
-    needed).
+    needed). ``through_qdq``: as for :func:`fuse_model`.
     """
-    session = FusionSession(get_target(target), Facts(types if types is not None else TypeTable()))
+    session = FusionSession(
+        get_target(target), Facts(types if types is not None else TypeTable()), through_qdq=through_qdq
+    )
     return PhasedRuleSet(build_phases(session))
 
 
@@ -43,6 +46,7 @@ def fuse_model(
     target: str = DEFAULT_TARGET,
     *,
     allow_opset_upgrade: bool = False,
+    through_qdq: bool = False,
     notes: Sequence[str] = (),
 ) -> FusionReport:
     """Fuses every decomposed RMSNorm (and residual Add before one) in ``model``, in place; returns the report.
@@ -52,15 +56,19 @@ def fuse_model(
     ``custom`` (ort_rmsnorm.RMSNorm/SkipRMSNorm), ``onnx`` (RMSNormalization, opset 23) or ``ort`` (onnxruntime's
     SimplifiedLayerNormalization and com.microsoft.SkipSimplifiedLayerNormalization). With ``target="onnx"`` and a
     model below opset 23, ``allow_opset_upgrade=True`` first converts the model with onnx's version converter;
-    otherwise each norm is reported as skipped. ``notes`` open the report's notes (what reading the model did).
+    otherwise each norm is reported as skipped. ``through_qdq=True`` fuses norms across the
+    QuantizeLinear/DequantizeLinear pairs inside them (an int8 QDQ model's), keeping those at their boundaries; the
+    fusion's ``roundings`` list the pairs dropped (otherwise such norms are reported as skipped). ``notes`` open the
+    report's notes (what reading the model did).
     """
     chosen = get_target(target)
     notes = list(notes)
     current = default_opset(model.graph, model)
     if chosen.opset is not None and allow_opset_upgrade and current < chosen.opset:
-        upgrade_default_opset(model, chosen.opset)
-        notes.append(f"default opset upgraded from {current} to {chosen.opset} with onnx.version_converter")
-    session = FusionSession(chosen, Facts(infer_types(model)), scopes(model), visiting_order(model), notes)
+        notes += upgrade_default_opset(model, chosen.opset)
+    session = FusionSession(
+        chosen, Facts(infer_types(model)), scopes(model), visiting_order(model), notes, through_qdq=through_qdq
+    )
     annotations = Annotations(model)
     rule_set = PhasedRuleSet(build_phases(session), between_phases=lambda: between_phases(session))
     rule_set.remove_unused_nodes = False  # the session removes exactly what the fusions made dead, nothing else
@@ -84,53 +92,3 @@ def _norm_ops_left(model: ir.Model, session: FusionSession) -> None:
         else:
             reason = f"{op} {label(node)} stays: the pass does not convert it to the {target.name} target's ops"
         session.left_alone(scope.graph, node, f"Left[{op}]", reason)
-
-
-def upgrade_default_opset(model: ir.Model, version: int) -> None:
-    """Converts ``model`` (in place) to default-opset ``version`` with onnx's version converter.
-
-    The converter works on a ModelProto; the main graph's initializers are detached while it runs (passed as typed
-    graph inputs) and re-attached afterwards, so external or large weights are never loaded or copied. It drops
-    model-local functions (onnx 1.23), so a model that has any is refused.
-    """
-    if model.functions:
-        names = ", ".join(f"{function.domain}::{function.name}" for function in model.functions.values())
-        raise ValueError(
-            f"onnx's version converter cannot convert a model with model-local functions ({names}): it drops them; "
-            f"convert the model to opset {version} yourself first"
-        )
-    graph = model.graph
-    weights = dict(graph.initializers)
-    also_inputs = {name for name, value in weights.items() if value.is_graph_input()}
-    for name, value in weights.items():
-        tensor = value.const_value
-        if tensor is not None:
-            value.dtype = value.dtype or tensor.dtype
-            value.shape = value.shape or ir.Shape(tensor.shape)
-        graph.initializers.pop(name)
-        if name not in also_inputs:
-            graph.inputs.append(value)
-    try:
-        converted = ir.serde.deserialize_model(
-            onnx.version_converter.convert_version(ir.serde.serialize_model(model), version)
-        )
-    except Exception as error:
-        raise ValueError(f"onnx's version converter could not convert the model to opset {version}: {error}") from error
-    finally:
-        for name, value in weights.items():
-            if name not in also_inputs:
-                graph.inputs.remove(value)
-            graph.register_initializer(value)
-    # The converter names the values it adds (_v_N) per graph, so that a subgraph may repeat a name of its parent,
-    # which breaks single assignment (onnx 1.23): make the names unique again (graph inputs and outputs keep theirs).
-    common_passes.NameFixPass()(converted)
-    placeholders = {value.name: value for value in converted.graph.inputs}
-    for name, value in weights.items():
-        placeholder = placeholders[name]
-        if name not in also_inputs:
-            converted.graph.inputs.remove(placeholder)
-        placeholder.const_value = value.const_value
-        converted.graph.register_initializer(placeholder)
-    model.graph = converted.graph
-    minimum = onnx.helper.find_min_ir_version_for([onnx.helper.make_opsetid("", version)])
-    model.ir_version = max(model.ir_version or 0, minimum)

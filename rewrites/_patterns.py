@@ -1,21 +1,26 @@
 """The patterns of an RMSNorm subgraph, composed from the spellings exporters use.
 
-A norm's subgraph ends in one of four ways; the last node names the form, and each form is the pattern of one rule:
+A norm's subgraph ends in one of these ways; the last node names the form, and each form is the pattern of one rule:
 
 ==================  ==================================================  =====
 form                last node                                           phase
 ==================  ==================================================  =====
+``factor_cast``     ``Cast(Mul(x, factor'))`` (either order)            0
 ``scale_cast``      ``Cast(Mul(normalized', scale))`` (either order)    0
+``factor``          ``Mul(x, factor')`` (either order)                  1
 ``scale``           ``Mul(normalized', scale)`` (either order)          1
 ``cast``            ``Cast(normalized)``                                2
 ``div`` / ``mul``   ``normalized`` itself (``x / rms``, ``x * inv``)    3
 ==================  ==================================================  =====
 
-(``normalized'`` is ``normalized`` or ``Cast(normalized)``; each Cast may be a ``CastLike``, whose forms are
-``scale_castlike`` and ``castlike``.) A larger form contains the smaller ones, so the rules
-are applied in phases, the largest form first over the whole model (see ``_rule_set``): a norm is fused as far as it
-goes, and where a larger form's check fails (a scale that varies along batch axes, a cast that changes the output
-type), a smaller one fuses in a later phase and the report says what was left out.
+(``normalized'`` is ``normalized`` or ``Cast(normalized)``; ``factor'`` is ``factor = Mul(inverse, scale)`` (either
+order) or ``Cast(factor)``: the factor-times-scale form ``x * (inverse * scale)``, which TensorFlow's graph optimizer
+makes of ``x * inverse * scale`` when the scale is a constant; each Cast may be a ``CastLike``, whose forms are
+``factor_castlike``, ``scale_castlike`` and ``castlike``.) A larger form contains the smaller ones, so the rules are
+applied in phases, the largest form first over the whole model (see ``_rule_set``): a norm is fused as far as it goes,
+and where a larger form's check fails (a scale that varies along batch axes, a cast that changes the output type), a
+smaller one fuses in a later phase and the report says what was left out. A factor form has no smaller form: the
+scale is multiplied in before x, so the norm is fused with it or not at all.
 """
 
 from __future__ import annotations
@@ -24,9 +29,18 @@ from onnxscript.rewriter import pattern
 
 DIVISIONS = ("div", "mul", "mul_swapped")
 """The division forms: ``x / rms``, ``x * inverse``, ``inverse * x``."""
+FACTORS = ("factor_cast", "factor_castlike", "factor", "factor_swapped")
+"""The factor-times-scale forms: ``x * (inverse * scale)``, cast after or not, either operand order."""
 FORMS = {
+    # The factor forms come first in their phases: a rule of a phase that declines a candidate leaves it to the next
+    # rule at the same node, and ``Mul(x, Mul(inverse, w))`` also looks like the scale form ``Mul(scale, normalized)``
+    # with x as the scale (whose check then stays silent, see ``_norm_rules``).
+    "factor_cast": 0,
+    "factor_castlike": 0,
     "scale_cast": 0,
     "scale_castlike": 0,
+    "factor": 1,
+    "factor_swapped": 1,
     "scale": 1,
     "scale_swapped": 1,
     "cast": 2,
@@ -37,8 +51,9 @@ FORMS = {
 
 
 def mean_square(op, x):
-    """mean(x²) over some axes: ReduceMean(x²) or ReduceSum(x²) / count or ReduceSumSquare(x) * (1/count), with x²
-    spelled Pow(x, 2) or Mul(x, x), possibly cast once or twice. Axes, exponent, count and casts are checked later."""
+    """mean(x²) over some axes: ReduceMean(x²) or ReduceSum(x²) / count or ReduceSumSquare(x) * (1/count), or
+    GlobalAveragePool(x²) (tf2onnx's spelling of a mean over every axis after the second), with x² spelled Pow(x, 2)
+    or Mul(x, x), possibly cast once or twice. Axes, exponent, count and casts are checked later."""
     axes = pattern.Var("axes", can_match_none=True)
     square = pattern.OrValue([op.Pow(x, pattern.Var("exponent")), op.Mul(x, x)])
     # A float16 converter that keeps Pow and ReduceMean in float32 rounds the squares between them to float16.
@@ -50,6 +65,7 @@ def mean_square(op, x):
     return pattern.OrValue(
         [
             op.ReduceMean(square, axes, _outputs=["reduced"]),
+            op.GlobalAveragePool(square, _outputs=["reduced"]),
             op.Div(total, count),
             op.Mul(total, count),
             op.Mul(count, total),
@@ -136,3 +152,12 @@ def normalized(op, x, rms, inverse):
     choices = [divided(op, form, x, rms, inverse) for form in DIVISIONS]
     choices += [divided(op, form, pattern.Var("x_num"), rms, inverse) for form in DIVISIONS]
     return pattern.OrValue(choices, name="normalized")
+
+
+def factor(op, inverse, scale):
+    """The factor-times-scale form's factor: ``inverse * scale`` (either order), bound as ``factor``, and possibly
+    cast (``factor_cast``)."""
+    product = pattern.OrValue(
+        [op.Mul(inverse, scale, _outputs=["factor"]), op.Mul(scale, inverse, _outputs=["factor"])], name="factor_mul"
+    )
+    return pattern.OrValue([product, cast(op, product, "factor_cast")])

@@ -45,7 +45,10 @@ class Fusion:
     roundings: list[str] = dataclasses.field(default_factory=list)
     """Where the unfused subgraph rounds to a 16-bit type and the fused op does not (it computes the statistic in
     float32 or wider and rounds its output once), e.g. ``the mean square is computed in float16``: the two then differ
-    by a few units in the last place, within ``verify``'s tolerance (docs/fusion.md, "Roundings")."""
+    by a few units in the last place, within ``verify``'s tolerance (docs/fusion.md, "Roundings"). With
+    ``through_qdq``, also each QuantizeLinear/DequantizeLinear pair dropped from inside the norm, e.g. ``the mean
+    square is quantized to int8 by a Q/DQ pair``: those differ by quantization steps (docs/fusion.md, "Quantized
+    models")."""
     choice: Optional[str] = None
     """``auto``: why this op, ours or onnxruntime's (the measured table's verdict for its type and row length)."""
 

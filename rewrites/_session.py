@@ -66,7 +66,7 @@ class FusionSession:
     ``facts`` should come from :func:`infer_types`; without it only the model's own annotations are known and more
     candidates are skipped for unknown shapes. ``scopes`` and ``order`` (:mod:`ort_rmsnorm.model_graphs`) name where
     each graph lies and order the report as the rewriter meets the nodes; without them graphs are named by their
-    own names. ``notes`` open the report."""
+    own names. ``notes`` open the report. ``through_qdq``: see ``_quantized``."""
 
     def __init__(
         self,
@@ -75,8 +75,11 @@ class FusionSession:
         scopes: Sequence[Scope] = (),
         order: dict[ir.Node, int] | None = None,
         notes: Sequence[str] = (),
+        through_qdq: bool = False,
     ):
         self.target = target
+        self.through_qdq = through_qdq
+        """Fuse norms across the QuantizeLinear/DequantizeLinear pairs inside them (``_quantized``)."""
         self.facts = facts
         self._locations = {id(scope.graph): scope.location for scope in scopes}
         self._order = order or {}
@@ -85,6 +88,8 @@ class FusionSession:
         self.fused: list[FusedNode] = []
         self._near_misses: dict[tuple, NearMiss] = {}
         self._kept: dict[str, int] = {}
+        self._missed: set[ir.Node] = set()
+        """The anchors of the near misses recorded (:meth:`has_near_miss`)."""
         self.notes: list[str] = list(notes)
 
     # ---- during matching ----
@@ -105,6 +110,11 @@ class FusionSession:
         if entry is None:
             entry = self._near_misses[key] = NearMiss(self.location(context.graph_or_function), error.reason, [])
         entry.seen.append((self.phase, rule, list(context.nodes), met if met is not None else context.root))
+        self._missed.add(anchor)
+
+    def has_near_miss(self, anchor: ir.Node) -> bool:
+        """Whether a rule already said why the candidate identified by ``anchor`` stays."""
+        return anchor in self._missed
 
     def fused_norm(
         self,

@@ -1,37 +1,42 @@
 """Fusing every model of a folder into a new folder, written atomically.
 
-A fused model keeps its external data (written next to it as ``<model>.onnx.data``, which is what onnxruntime-genai's
-builder names it too). When a fused model uses this package's ops, the library is copied into the output folder, and
-in a genai folder each session's options that now need it get ``custom_ops_library`` naming it relative to the
-folder: onnxruntime-genai loads a custom-op library only from inside the model folder (relative names resolve there
-first), the current directory or an execution provider's library folder, and rejects any path with ``..``. A section
-with its own ``session_options`` gets the key there; one without uses the decoder's options in onnxruntime-genai, so
-the decoder's get it.
+The input folder is read under its trust boundary (:mod:`~ort_rmsnorm.folders.contents`): only regular files inside
+it; a link out of it only with ``follow_symlinks``. A fused model keeps its external data (written next to it as
+``<model>.onnx.data``, which is what onnxruntime-genai's builder names it too). When a fused model uses this
+package's ops, the library is copied into the output folder, and in a genai folder each session's options that now
+need it get ``custom_ops_library`` naming it relative to the folder: onnxruntime-genai loads a custom-op library only
+from inside the model folder (relative names resolve there first), the current directory or an execution provider's
+library folder, and rejects any path with ``..``. A section with its own ``session_options`` gets the key there; one
+without uses the decoder's options in onnxruntime-genai, so the decoder's get it. The config is edited in place in
+its text (:func:`~ort_rmsnorm.folders.genai_config.insert_member`): every other byte stays the user's.
 
 The output folder is written atomically: everything goes into a temporary folder next to it, flushed to disk, then
-renamed into place (an existing empty folder is replaced by the rename; a non-empty one only with ``replace=True``,
-swapped in one step where the system can: :func:`ort_rmsnorm.durable.publish_folder`). The input folder is only read.
+renamed into place (an existing empty folder is replaced by the rename; a non-empty one only with ``replace=True``
+and only if this package wrote it, :mod:`~ort_rmsnorm.folders.manifest`, swapped in one step where the system can:
+:func:`ort_rmsnorm.durable.publish_folder`). The input folder is only read.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import errno
 import json
 import os
 import shutil
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, Callable
 
 import onnx_ir as ir
 
-from .. import durable
+from .. import durable, model_io
 from .._library import get_library_path
 from ..contract import DEFAULT_TARGET, OP_DOMAIN
 from ..fusion import ModelFile
 from ..model_graphs import nodes
 from ..model_io import ModelFileError
+from . import genai_config, manifest
+from .contents import Contents, copy_file
+from .genai_config import path_text
 from .layout import (
     GENAI_CONFIG,
     KIND_GENAI,
@@ -39,9 +44,7 @@ from .layout import (
     SESSION_OPTIONS,
     FolderError,
     Layout,
-    files_under,
     read_layout,
-    section,
 )
 
 if TYPE_CHECKING:
@@ -76,6 +79,9 @@ class FolderReport:
     """The library's file name in the output folder, when copied."""
     config_changes: list[str] = dataclasses.field(default_factory=list)
     """``key = value`` for each genai_config.json entry set."""
+    notes: list[str] = dataclasses.field(default_factory=list)
+    """What else the run did that a user should know: an input file the library replaced, files kept of a folder
+    replaced."""
 
     def to_dict(self) -> dict:
         return {
@@ -88,6 +94,7 @@ class FolderReport:
             "copied": self.copied,
             "library": self.library,
             "config_changes": self.config_changes,
+            "notes": self.notes,
         }
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -104,6 +111,7 @@ class FolderReport:
         if self.library:
             lines.append(f"library: {self.library} copied into the folder (the fused models use its ops)")
         lines += [f"{GENAI_CONFIG}: {change}" for change in self.config_changes]
+        lines += [f"note: {note}" for note in self.notes]
         return "\n".join(lines)
 
 
@@ -124,9 +132,23 @@ def inside(path: Path, folder: Path) -> bool:
     return path == folder or folder in path.parents
 
 
+def _output_folder(destination: Path) -> Path:
+    """``destination`` with a last component that names it: ``.`` or ``..`` (whose temporary would go inside or
+    beside the wrong folder) resolved."""
+    if destination.name in ("", ".", ".."):
+        return Path(os.path.realpath(destination))
+    return destination
+
+
 def check_destination(source: Path, destination: Path, *, replace: bool) -> None:
-    """Refuses, before any work, an output folder that is or holds the input, lies inside it, cannot be made, or is
-    not empty (unless ``replace``)."""
+    """Refuses, before any work, an output folder that is or holds the input, lies inside it, is the current
+    directory, cannot be made, or is not empty (unless ``replace`` and this package wrote it:
+    :func:`~ort_rmsnorm.folders.manifest.check_replaceable`)."""
+    if os.path.realpath(destination) == os.path.realpath(os.getcwd()):
+        raise FolderError(f"{destination}: the output folder is the current directory; fuse writes a new folder "
+                          "beside the output and renames it into place, which would leave this directory's users "
+                          "(this shell) in a removed folder: name a folder to create instead (e.g. fused)")
+    destination = _output_folder(destination)
     real_source, real_destination = source.resolve(), destination.resolve()
     if inside(real_destination, real_source):
         raise FolderError(f"{destination}: the output folder may not be the input folder {source} or lie inside it")
@@ -138,9 +160,11 @@ def check_destination(source: Path, destination: Path, *, replace: bool) -> None
         raise FolderError(f"{destination}: exists and is not a folder")
     if not destination.parent.is_dir():
         raise FolderError(f"{destination}: the parent folder {destination.parent} does not exist")
-    if destination.is_dir() and any(destination.iterdir()) and not replace:
-        raise FolderError(f"{destination}: the output folder exists and is not empty; choose another, or replace "
-                          "it as a whole (--replace)")
+    if destination.is_dir() and any(destination.iterdir()):
+        if not replace:
+            raise FolderError(f"{destination}: the output folder exists and is not empty; choose another, or "
+                              "replace a folder fuse wrote (--replace)")
+        manifest.check_replaceable(destination)
 
 
 def fuse_folder(
@@ -149,66 +173,110 @@ def fuse_folder(
     target: str = DEFAULT_TARGET,
     *,
     replace: bool = False,
+    follow_symlinks: bool = False,
     allow_opset_upgrade: bool = False,
+    through_qdq: bool = False,
     progress: Callable[[str], None] | None = None,
     on_tensor_written: Callable[[int, int], None] | None = None,
 ) -> FolderReport:
     """Fuses every model of the folder ``source`` (see the module docstring) into a new folder ``destination``.
 
     Args:
-        source: an onnxruntime-genai folder or a folder of ``.onnx`` files; never modified.
-        destination: the output folder, written atomically. It must not exist, or be empty; with ``replace=True`` an
-            existing folder is replaced as a whole.
+        source: an onnxruntime-genai folder or a folder of ``.onnx`` files; never modified. Only its regular files
+            are read, and files reached through links that stay inside it.
+        destination: the output folder, written atomically. It must not exist, or be empty; with ``replace=True`` a
+            folder this function wrote (it carries ``ort-rmsnorm.json``, and nothing else was added) is replaced.
         target: ``"custom"``, ``"onnx"`` or ``"ort"`` (as :func:`ort_rmsnorm.fuse`).
-        allow_opset_upgrade: as :func:`ort_rmsnorm.fuse`.
+        follow_symlinks: also read through links that lead out of ``source`` to regular files or folders (a Hugging
+            Face cache snapshot); device files, FIFOs, sockets and loops stay refused.
+        allow_opset_upgrade, through_qdq: as :func:`ort_rmsnorm.fuse`.
         progress: called with one line per stage (each model loaded, fused, written).
         on_tensor_written: ``(index, total)`` while a model's external data is written.
 
-    Raises :class:`FolderError` for a layout it does not know or an output folder it may not write, and
-    :class:`~ort_rmsnorm.model_io.ModelFileError` for a model file that cannot be read.
+    Raises :class:`FolderError` for a layout it does not know, a folder entry it may not read, or an output folder it
+    may not write, and :class:`~ort_rmsnorm.model_io.ModelFileError` for a model file that cannot be read.
     """
     source, destination = Path(source), Path(destination)
     say = progress or (lambda _line: None)
-    layout = read_layout(source)
+    layout = read_layout(source, follow_symlinks=follow_symlinks)
     check_destination(source, destination, replace=replace)
+    destination = _output_folder(destination)
     report = FolderReport(str(source), str(destination), layout.kind, target)
     try:
         staging = durable.staging_folder(destination)
     except OSError as error:
         raise FolderError(f"{destination}: cannot write in {destination.parent}: {error.strerror or error}") from None
     try:
-        _fill(layout, staging, report, target, allow_opset_upgrade=allow_opset_upgrade, say=say,
-              on_tensor_written=on_tensor_written)
+        _fill(layout, staging, report, target, allow_opset_upgrade=allow_opset_upgrade, through_qdq=through_qdq,
+              say=say, on_tensor_written=on_tensor_written)
+        manifest.write(staging, target)
         say(f"writing {destination}")
         durable.fsync_tree(staging)
         _check_complete(staging, report, layout)
-        _publish(staging, destination, replace=replace)
+        _publish(staging, destination, report, replace=replace)
     except OSError as error:  # the output's file system: full, read-only, the folder removed meanwhile
         raise FolderError(f"{destination}: cannot write the output folder: {error.strerror or error}"
                           + (f" ({error.filename})" if error.filename else "")) from None
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(staging, ignore_errors=True)  # gone once published
     say("done")
     return report
 
 
+def _load(layout: Layout, relative: str) -> ModelFile:
+    """Reads a model of the folder by its path (onnx reads by name), checked to be the file the walk found before
+    and after; external data that is a link the walk allowed is read from the link's target."""
+    contents = layout.contents
+    contents.check_unchanged(relative)
+    loaded = ModelFile.load(contents.path(relative))
+    contents.check_unchanged(relative)
+    if _read_linked_data_in_place(loaded.model, contents):
+        loaded.data_files = model_io.external_data_files(loaded.model)
+    return loaded
+
+
+def _read_linked_data_in_place(model: ir.Model, contents: Contents) -> bool:
+    """Points each external tensor whose data file is a link of the folder (allowed by the walk) at the link's
+    target, which onnx_ir reads only there (it refuses data reached through a link); True if any was."""
+    changed = False
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            tensor = value.const_value
+            if not isinstance(tensor, ir.ExternalTensor):
+                continue
+            relative = contents.relative_of(Path(tensor.path))
+            entry = contents.entry(relative) if relative is not None else None
+            if entry is None or entry.real == os.path.join(os.path.realpath(os.path.dirname(tensor.path)),
+                                                           os.path.basename(tensor.path)):
+                continue
+            value.const_value = ir.ExternalTensor(
+                os.path.basename(entry.real), tensor.offset, tensor.length, tensor.dtype, shape=tensor.shape,
+                name=tensor.name, doc_string=tensor.doc_string, metadata_props=tensor.metadata_props,
+                base_dir=os.path.dirname(entry.real))
+            changed = True
+    return changed
+
+
 def _fill(layout: Layout, staging: Path, report: FolderReport, target: str, *, allow_opset_upgrade: bool,
-          say: Callable[[str], None], on_tensor_written: Callable[[int, int], None] | None) -> None:
+          through_qdq: bool, say: Callable[[str], None],
+          on_tensor_written: Callable[[int, int], None] | None) -> None:
     """Writes the fused folder into ``staging``: the fused models (each model file read once, before anything is
     written), the files copied as they are, the library and the genai config where the models need them."""
     count = len(layout.components)
     loaded: dict[str, ModelFile] = {}
     for index, component in enumerate(layout.components, 1):
         say(f"[{index}/{count}] loading {component.path}")
-        loaded[component.path] = ModelFile.load(layout.root / component.path)
-    for relative in _copied_files(layout, {path: model.data_files for path, model in loaded.items()}):
-        _copy(layout.root / relative, staging, relative)
+        loaded[component.path] = _load(layout, component.path)
+    copied = _copied_files(layout, loaded)
+    _check_names(layout, loaded, copied)
+    for relative in copied:
+        _copy_entry(layout.contents, relative, staging)
         report.copied.append(relative)
     for index, component in enumerate(layout.components, 1):
         model = loaded.pop(component.path)
         say(f"[{index}/{count}] fusing {component.path} (target {target})")
         try:
-            fusion_report = model.fuse(target, allow_opset_upgrade=allow_opset_upgrade)
+            fusion_report = model.fuse(target, allow_opset_upgrade=allow_opset_upgrade, through_qdq=through_qdq)
         except ModelFileError as error:  # onnx's version converter refusing the model
             raise FolderError(str(error)) from None
         say(f"[{index}/{count}] writing {component.path}: {len(fusion_report.fusions)} fused, "
@@ -219,43 +287,85 @@ def _fill(layout: Layout, staging: Path, report: FolderReport, target: str, *, a
         report.models.append(ModelResult(component.path, fusion_report, uses_domain(model.model, OP_DOMAIN),
                                          data_relative))
     if any(result.uses_library for result in report.models):
-        library = Path(get_library_path())
-        _copy(library, staging, library.name)
-        report.library = library.name
+        _copy_library(layout, staging, report)
     if layout.kind == KIND_GENAI:
         _write_genai_config(layout, report, staging)
 
 
 _NOT_EMPTY_NOW = ("{destination}: the output folder was written by another process while this one ran; "
-                  "nothing was replaced (--replace replaces it as a whole)")
+                  "nothing was replaced (--replace replaces a folder fuse wrote)")
 
 
-def _publish(staging: Path, destination: Path, *, replace: bool) -> None:
+def _publish(staging: Path, destination: Path, report: FolderReport, *, replace: bool) -> None:
     """Moves the complete staging folder to ``destination`` (:func:`ort_rmsnorm.durable.publish_folder`); a folder
-    that another run filled since :func:`check_destination` is refused."""
+    that another run filled since :func:`check_destination` is refused, and one to replace is checked again."""
     try:
-        durable.publish_folder(staging, destination, replace=replace)
+        if replace and destination.is_dir() and any(destination.iterdir()):
+            manifest.check_replaceable(destination)
+        kept = durable.publish_folder(staging, destination, replace=replace, discard=manifest.discard)
     except durable.NotEmptyError:
         raise FolderError(_NOT_EMPTY_NOW.format(destination=destination)) from None
     except OSError as error:
         raise FolderError(f"{destination}: cannot write the output folder: {error.strerror or error}") from None
+    if kept is not None:
+        report.notes.append(f"{kept}: what the replaced {destination} held beyond the files fuse had written (added "
+                            "while this run ran), kept here")
 
 
-def _copied_files(layout: Layout, data_files: Mapping[str, set[Path]]) -> list[str]:
-    """Every file but the fused models and the external data only they read (each fused model writes its own);
-    a data file that another file names (a genai config's shared initializers) is copied too."""
+def _copied_files(layout: Layout, loaded: dict[str, ModelFile]) -> list[str]:
+    """Every file but the fused models, the config of a genai folder, an input's manifest and the external data only
+    the fused models read (each fused model writes its own); a data file the config names (shared initializers) is
+    copied too."""
     fused = {component.path for component in layout.components}
-    config_text = json.dumps(layout.config) if layout.config is not None else ""
-    files = list(files_under(layout.root))
-    replaced = {path.resolve() for paths in data_files.values() for path in paths}
+    named = genai_config.strings(layout.config) if layout.config is not None else set()
+    replaced = set()
+    for model in loaded.values():
+        for path in model.data_files:
+            try:
+                status = os.stat(path)
+            except OSError:
+                continue
+            replaced.add((status.st_dev, status.st_ino))
     copied = []
-    for relative in files:
-        if relative in fused or (relative == GENAI_CONFIG and layout.kind == KIND_GENAI):
+    for relative, entry in layout.contents.files.items():
+        if relative in fused or relative == manifest.MANIFEST or (relative == GENAI_CONFIG
+                                                                  and layout.kind == KIND_GENAI):
             continue
-        if (layout.root / relative).resolve() in replaced and json.dumps(relative) not in config_text:
+        if entry.identity in replaced and relative not in named:
             continue
         copied.append(relative)
     return copied
+
+
+def _parents(relative: str) -> list[str]:
+    return [parent.as_posix() for parent in PurePosixPath(relative).parents][:-1]
+
+
+def _check_names(layout: Layout, loaded: dict[str, ModelFile], copied: list[str]) -> None:
+    """Refuses, before anything is written, an input file whose name the output needs for a file it writes (a fused
+    model's data file, the manifest) or for a folder, and the reverse."""
+    written = {manifest.MANIFEST: f"the manifest {manifest.MANIFEST}"}
+    if layout.kind == KIND_GENAI:
+        written[GENAI_CONFIG] = "the config"
+    for relative, model in loaded.items():
+        written[relative] = "a fused model"
+        if model_io.needs_external_data(model.model):
+            written[model_io.output_files(relative, external_data=True)[1].as_posix()] = (
+                f"the external data of the fused {relative}")
+    copied_set = set(copied)
+    for relative, what in written.items():
+        if relative in copied_set:
+            raise FolderError(f"{layout.contents.path(relative)}: the output folder needs this name for {what}, so "
+                              "this file of the input cannot be copied; rename or remove it")
+        for parent in _parents(relative):
+            if parent in copied_set:
+                raise FolderError(f"{layout.contents.path(parent)}: a file of the input, where the output folder "
+                                  f"needs a folder for {what} ({relative}); rename or remove it")
+    for relative in copied:
+        for parent in _parents(relative):
+            if parent in written:
+                raise FolderError(f"{layout.contents.path(parent)}: a folder of the input, where the output folder "
+                                  f"needs a file, {written[parent]}; rename or remove it")
 
 
 def _make_parents(staging: Path, relative: str) -> Path:
@@ -264,24 +374,50 @@ def _make_parents(staging: Path, relative: str) -> Path:
     directory = staging
     for part in PurePosixPath(relative).parent.parts:
         directory = directory / part
-        with contextlib.suppress(FileExistsError):
+        try:
             directory.mkdir()
+        except FileExistsError:
+            if not directory.is_dir() or directory.is_symlink():
+                raise FolderError(f"{directory}: not a folder in the temporary output folder (changed by another "
+                                  "process?); nothing was published") from None
     if not staging.is_dir():
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(staging))
     return directory
 
 
-def _copy(source: Path, staging: Path, relative: str) -> None:
+def _copy_entry(contents: Contents, relative: str, staging: Path) -> None:
     destination = _make_parents(staging, relative) / PurePosixPath(relative).name
     try:
-        shutil.copy2(source, destination)  # follows symbolic links: the output holds the files themselves
+        contents.copy(relative, destination)
     except OSError as error:
-        raise FolderError(f"{source}: cannot copy it to {destination}: {error.strerror or error}") from None
+        raise FolderError(f"{contents.path(relative)}: cannot copy it to {destination}: "
+                          f"{error.strerror or error}") from None
+
+
+def _copy_library(layout: Layout, staging: Path, report: FolderReport) -> None:
+    """Copies the library into the folder; an input file of its name is replaced (noted), a folder is an error."""
+    library = Path(get_library_path())
+    name = library.name
+    if any(name in _parents(relative) for relative in report.copied):
+        raise FolderError(f"{layout.contents.path(name)}: a folder of the input has the library's name, where the "
+                          f"fused models need the library {name}; rename or remove it")
+    if name in report.copied:
+        (staging / name).unlink()
+        report.copied.remove(name)
+        report.notes.append(f"{name}: the input's file of that name was replaced by this package's library, which "
+                            "the fused models need")
+    try:
+        with open(library, "rb") as source:
+            copy_file(source, staging / name)
+    except OSError as error:
+        raise FolderError(f"{library}: cannot copy the library to {staging / name}: "
+                          f"{error.strerror or error}") from None
+    report.library = name
 
 
 def _written_files(report: FolderReport, layout: Layout) -> list[str]:
     """Every file the output folder holds, relative to it, as ``report`` records them."""
-    files = list(report.copied)
+    files = [*report.copied, manifest.MANIFEST]
     for result in report.models:
         files += [result.path, *([result.external_data] if result.external_data else [])]
     if report.library:
@@ -300,33 +436,30 @@ def _check_complete(staging: Path, report: FolderReport, layout: Layout) -> None
 
 
 def _write_genai_config(layout: Layout, report: FolderReport, staging: Path) -> None:
-    config = json.loads(json.dumps(layout.config))  # a copy: the layout keeps the input's
-    keys = {component.path: component.config_keys for component in layout.components}
-    needing = {layout.session_options_key(key)
-               for result in report.models if result.uses_library for key in keys[result.path]}
-    for options_key in sorted(needing):
-        section_key = options_key.rsplit(".", 1)[0]
-        try:
-            options_section = section(config, section_key)
-        except (KeyError, IndexError, TypeError):
-            raise FolderError(f"{layout.root / GENAI_CONFIG}: has no {section_key} section, whose session options "
-                              "onnxruntime-genai would use for the fused models") from None
-        options = options_section.get(SESSION_OPTIONS)
-        if not isinstance(options, dict):  # absent (or null): genai then uses defaults, which this extends
-            options = options_section[SESSION_OPTIONS] = {}
-        present = options.get(LIBRARY_KEY)
+    """The config with ``custom_ops_library`` in each session's options that the fused models need, inserted into
+    the input's text (every other byte as it was); the input's file as it is when nothing changes."""
+    keys = {component.path: component.config_paths for component in layout.components}
+    needing = {layout.session_options_path(path)
+               for result in report.models if result.uses_library for path in keys[result.path]}
+    text = layout.config_text
+    for options_path in sorted(needing, key=path_text):
+        options = genai_config.get(layout.config, options_path, None)  # an object, or absent: session_options_path
+        present = options.get(LIBRARY_KEY) if options is not None else None
         if present == report.library:
             continue
         if present is not None:
             raise FolderError(
-                f"{layout.root / GENAI_CONFIG}: {options_key}.{LIBRARY_KEY} is already {present!r}; onnxruntime-genai "
-                f"loads one custom-op library per session, so the fused model could not also load {report.library}")
-        options[LIBRARY_KEY] = report.library
-        report.config_changes.append(f"{options_key}.{LIBRARY_KEY} = {json.dumps(report.library)}")
+                f"{layout.root / GENAI_CONFIG}: {path_text(options_path)}.{LIBRARY_KEY} is already {present!r}; "
+                "onnxruntime-genai loads one custom-op library per session, so the fused model could not also load "
+                f"{report.library}")
+        if options is None:
+            text = genai_config.insert_member(text, options_path[:-1], SESSION_OPTIONS,
+                                              {LIBRARY_KEY: report.library})[0]
+        else:
+            text = genai_config.insert_member(text, options_path, LIBRARY_KEY, report.library)[0]
+        report.config_changes.append(f"{path_text(options_path)}.{LIBRARY_KEY} = {json.dumps(report.library)}")
     if report.config_changes:
-        (staging / GENAI_CONFIG).write_text(json.dumps(config, indent=4) + "\n", encoding="utf-8")
+        (staging / GENAI_CONFIG).write_bytes(text.encode("utf-8"))
     else:
-        _copy(layout.root / GENAI_CONFIG, staging, GENAI_CONFIG)  # byte for byte
+        _copy_entry(layout.contents, GENAI_CONFIG, staging)  # byte for byte
         report.copied.append(GENAI_CONFIG)
-
-

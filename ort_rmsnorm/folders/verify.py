@@ -5,10 +5,9 @@ need. Each model file is read once."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Callable, Mapping
 
 import numpy as np
@@ -18,9 +17,12 @@ from .. import verify
 from ..contract import OP_DOMAIN
 from ..feeds import DEFAULT_SEED
 from ..model_io import load_model
+from . import genai_config
+from .contents import Contents, read_contents
 from .fuse import uses_domain
+from .genai_config import path_text
 from .layout import (
-    DECODER_KEY,
+    DECODER_PATH,
     GENAI_CONFIG,
     KIND_GENAI,
     LIBRARY_KEY,
@@ -28,8 +30,8 @@ from .layout import (
     Component,
     FolderError,
     Layout,
+    read_config,
     read_layout,
-    section,
 )
 
 
@@ -80,15 +82,20 @@ def _genai_default_dims(layout: Layout, component: Component, inputs: Mapping[st
     """Sizes a genai decoder needs that verify's generic defaults cannot guess, from the config: the past key/value
     inputs' head dim (``head_size``) and, for the layers of a sliding window, their past length (``window_size``:
     the cache of such a layer is a ring of that many positions, and onnxruntime refuses a shorter one)."""
-    if layout.config is None or DECODER_KEY not in component.config_keys:
+    if layout.config is None or DECODER_PATH not in component.config_paths:
         return {}
-    decoder = layout.config["model"]["decoder"]
-    names = decoder.get("inputs", {})
-    patterns = [re.escape(names.get(key, default)).replace("%d", r"(\d+)")
-                for key, default in (("past_key_names", "past_key_values.%d.key"),
-                                     ("past_value_names", "past_key_values.%d.value"))]
-    window = decoder.get("sliding_window") or {}
+    decoder = genai_config.get(layout.config, DECODER_PATH)
+    names = decoder.get("inputs")
+    names = names if isinstance(names, dict) else {}
+    patterns = []
+    for key, default in (("past_key_names", "past_key_values.%d.key"),
+                         ("past_value_names", "past_key_values.%d.value")):
+        name = names.get(key)
+        patterns.append(re.escape(name if isinstance(name, str) else default).replace("%d", r"(\d+)"))
+    window = decoder.get("sliding_window")
+    window = window if isinstance(window, dict) else {}
     sliding = window.get("layers")
+    sliding = sliding if isinstance(sliding, list) else None
     dims = {}
     for name, shape in inputs.items():
         match = next(filter(None, (re.fullmatch(pattern, name) for pattern in patterns)), None)
@@ -96,8 +103,9 @@ def _genai_default_dims(layout: Layout, component: Component, inputs: Mapping[st
             continue
         if shape[3] and isinstance(decoder.get("head_size"), int):
             dims[shape[3]] = decoder["head_size"]
+        layer = int(match.group(1)) if match.re.groups else None  # a name without %d: no layer number
         if (shape[2] and isinstance(window.get("window_size"), int)
-                and (sliding is None or int(match.group(1)) in sliding)):
+                and (sliding is None or layer in sliding)):
             dims[shape[2]] = window["window_size"]
     return dims
 
@@ -110,6 +118,7 @@ def verify_folder(
     inputs: Mapping[str, np.ndarray] | None = None,
     seed: int = DEFAULT_SEED,
     optimization: str = "all",
+    follow_symlinks: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> FolderVerification:
     """Runs each model :func:`fuse_folder` fuses in ``original`` against the model of the same name in ``fused``
@@ -118,17 +127,17 @@ def verify_folder(
 
     ``dims`` and ``inputs`` apply to the models that have such dims and inputs; a name no model has is a
     :class:`~ort_rmsnorm.verify.VerifyInputError`. In a genai folder, the decoder's past key/value head dim defaults
-    to the config's ``head_size``.
+    to the config's ``head_size``. Both folders are read under the trust boundary of
+    :func:`~ort_rmsnorm.folders.contents.read_contents` (``follow_symlinks`` as there).
     """
     say = progress or (lambda _line: None)
-    layout = read_layout(original)
+    layout = read_layout(original, follow_symlinks=follow_symlinks)
     fused = Path(fused)
-    if not fused.is_dir():
-        raise FolderError(f"{fused}: {'not a directory' if fused.exists() else 'no such directory'}")
+    fused_contents = read_contents(fused, follow_symlinks=follow_symlinks)
     dims, inputs = dict(dims or {}), dict(inputs or {})
     shapes, arithmetic = {}, {}
     for component in layout.components:
-        model = load_model(layout.root / component.path)
+        model = _load_checked(layout.contents, component.path)
         shapes[component.path] = _symbolic_dims(model)
         arithmetic[component.path] = verify.arithmetic_dtype(model)
     dim_names = {name for model in shapes.values() for dims_of_input in model.values() for name in dims_of_input}
@@ -150,42 +159,53 @@ def verify_folder(
                       **{name: size for name, size in dims.items() if name in names}}
         given = {name: array for name, array in inputs.items() if name in model_inputs}
         fused_path = fused / component.path
-        if not fused_path.is_file():
+        if fused_contents.entry(component.path) is None:
             entry.problem = f"{fused_path}: no such file in the fused folder"
             continue
-        if uses_domain(load_model(fused_path), OP_DOMAIN):  # clear errors for a corrupted or invalid file
+        if uses_domain(_load_checked(fused_contents, component.path), OP_DOMAIN):  # clear errors for a bad file
             using_library.append(component)
         try:
             entry.result = verify.run_and_compare(layout.root / component.path, fused_path, arithmetic[component.path],
                                                   dims=model_dims, inputs=given, seed=seed, optimization=optimization)
         except verify.FusedModelError as error:
             entry.problem = str(error)
-    problems = _library_problems(layout, fused, using_library) if layout.kind == KIND_GENAI else []
+    problems = _library_problems(layout, fused_contents, using_library) if layout.kind == KIND_GENAI else []
     return FolderVerification(results, problems)
 
 
-def _library_problems(layout: Layout, fused: Path, using_library: list[Component]) -> list[str]:
+def _load_checked(contents: Contents, relative: str) -> ir.Model:
+    """A model of the folder, read by its path (onnx reads by name), checked to be the file the walk found."""
+    contents.check_unchanged(relative)
+    model = load_model(contents.path(relative))
+    contents.check_unchanged(relative)
+    return model
+
+
+def _library_problems(layout: Layout, fused: Contents, using_library: list[Component]) -> list[str]:
     """A fused genai folder whose models use this package's ops (``using_library``) must name a library inside it
     where their sessions take their options from."""
-    config_path = fused / GENAI_CONFIG
+    config_path = fused.path(GENAI_CONFIG)
+    if fused.entry(GENAI_CONFIG) is None:
+        return [f"{config_path}: no such file in the fused folder"]
     try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        return [f"{config_path}: cannot read it: {error}"]
-    fused_layout = Layout(KIND_GENAI, fused, layout.components, config)
+        config, _text = read_config(fused)
+    except FolderError as error:
+        return [str(error)]
+    fused_layout = Layout(KIND_GENAI, fused.root, layout.components, config, fused)
     problems = []
     for component in using_library:
-        for key in component.config_keys:
+        for config_path_of_model in component.config_paths:
             try:
-                options_key = fused_layout.session_options_key(key)
-                library = section(config, options_key).get(LIBRARY_KEY)
-            except (KeyError, IndexError, TypeError):
-                library, options_key = None, f"{key}.{SESSION_OPTIONS}"
+                options_path = fused_layout.session_options_path(config_path_of_model)
+                library = genai_config.get(config, options_path, {}).get(LIBRARY_KEY)
+            except FolderError:
+                library, options_path = None, (*config_path_of_model, SESSION_OPTIONS)
+            options_key = path_text(options_path)
             if not isinstance(library, str):
                 problems.append(f"{component.path} uses {OP_DOMAIN} ops, but {options_key} in {config_path} names no "
                                 f"{LIBRARY_KEY}: onnxruntime-genai could not load the model")
-            elif not (fused / library).is_file():
-                problems.append(f"{options_key}.{LIBRARY_KEY} is {library!r}, which is not a file in {fused}: "
+            elif fused.entry(str(PurePosixPath(library))) is None:
+                problems.append(f"{options_key}.{LIBRARY_KEY} is {library!r}, which is not a file in {fused.root}: "
                                 "onnxruntime-genai loads a library only from inside the model folder, the current "
                                 "directory or an execution provider's folder")
     return problems

@@ -195,6 +195,7 @@ def test_unwritable_report_path_is_refused_before_the_model_is_written(cli, smal
         (["frobnicate"], "ort-rmsnorm: error: argument COMMAND: invalid choice: 'frobnicate'"),
         (["fuse", "in.onnx", "o.onnx", "--verify", "--dim", "batch"], "--dim 'batch': expected NAME=VALUE"),
         (["fuse", "in.onnx", "o.onnx", "--dim", "batch=2"], "--dim and --input only set the inputs of --verify"),
+        (["fuse", "in.onnx", "o.onnx", "--through-qdq", "--verify"], "--through-qdq drops roundings that IN makes"),
     ],
 )
 def test_usage_errors_exit_2_with_one_line(cli, tmp_path, arguments, message):
@@ -205,9 +206,7 @@ def test_usage_errors_exit_2_with_one_line(cli, tmp_path, arguments, message):
     assert not (tmp_path / "o.onnx").exists()
 
 
-def test_opset_conversion_refused_by_onnx_is_one_line(cli, tmp_path):
-    """onnx's version converter knows no onnxruntime op in the default domain: --convert-opset says so, naming the
-    file, instead of a traceback."""
+def _simplified_norm_file(tmp_path, functions=()):
     from onnx import numpy_helper
 
     gamma = numpy_helper.from_array(np.ones(8, np.float32), "gamma")
@@ -215,7 +214,27 @@ def test_opset_conversion_refused_by_onnx_is_one_line(cli, tmp_path):
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])], [gamma])
     path = tmp_path / "sln.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], functions=list(functions)), path)
+    return path
+
+
+def test_opset_conversion_sets_aside_onnxruntime_ops(cli, tmp_path):
+    """onnx's version converter knows no onnxruntime op in the default domain: --convert-opset sets it aside while
+    the model is converted, and the norm becomes RMSNormalization."""
+    path = _simplified_norm_file(tmp_path)
     result = cli("fuse", path, tmp_path / "out.onnx", "--target", "onnx", "--convert-opset", "--quiet")
-    _assert_clean_failure(result, expected=[f"{path}: onnx's version converter could not convert"],
+    assert result.returncode == 0, result
+    assert "1 x SimplifiedLayerNormalization" in result.stdout and "set aside" in result.stdout
+    assert [node.op_type for node in onnx.load(tmp_path / "out.onnx").graph.node] == ["RMSNormalization"]
+
+
+def test_opset_conversion_refused_is_one_line(cli, tmp_path):
+    """A model the converter would break (it drops model-local functions): one line naming the file, no
+    traceback."""
+    function = helper.make_function("local", "Unused", ["a"], ["b"], [helper.make_node("Identity", ["a"], ["b"])],
+                                    [helper.make_opsetid("", 18)])
+    path = _simplified_norm_file(tmp_path, [function])
+    result = cli("fuse", path, tmp_path / "out.onnx", "--target", "onnx", "--convert-opset", "--quiet")
+    _assert_clean_failure(result, expected=[f"{path}: onnx's version converter cannot convert a model with "
+                                            "model-local functions"],
                           directory=tmp_path, before={"sln.onnx"})

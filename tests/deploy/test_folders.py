@@ -22,6 +22,7 @@ from ort_rmsnorm import durable, folders, model_io
 from ort_rmsnorm.bench.genai import norm_ops
 
 LIBRARY = Path(ort_rmsnorm.get_library_path()).name
+MANIFEST = folders.MANIFEST
 
 
 def _config(folder: Path) -> dict:
@@ -48,7 +49,7 @@ def test_genai_folder_is_fused_whole(onnx_genai_folder, tmp_path):
 
     # Each model the config names is fused; the others and every other file are copied byte for byte.
     after = tree_digest(out)
-    assert set(after) == set(before) | {LIBRARY}
+    assert set(after) == set(before) | {LIBRARY, MANIFEST}
     for copied in ("unnamed.onnx", "tokenizer.json", "processor_config.json", "extras/notes.txt"):
         assert after[copied] == before[copied], copied
     assert norm_ops(out / "model.onnx") == {"ort_rmsnorm.RMSNorm": 1, "ort_rmsnorm.SkipRMSNorm": 4}
@@ -185,7 +186,7 @@ def test_onnx_folder(onnx_folder, tmp_path):
     assert result.returncode == 0, result.stderr
     assert tree_digest(onnx_folder) == before
     after = tree_digest(out)
-    assert set(after) == set(before) | {LIBRARY}
+    assert set(after) == set(before) | {LIBRARY, MANIFEST}
     assert after["config.json"] == before["config.json"]
     assert norm_ops(out / "decoder_model_merged.onnx") == {"ort_rmsnorm.RMSNorm": 1, "ort_rmsnorm.SkipRMSNorm": 2}
     assert norm_ops(out / "onnx" / "encoder_model.onnx") == {"ort_rmsnorm.RMSNorm": 1}
@@ -206,7 +207,7 @@ def test_external_data_under_another_name(tmp_path):
                     size_threshold=1024)
     report = folders.fuse_folder(folder, tmp_path / "out")
     assert report.models[0].external_data == "model.onnx.data"
-    assert sorted(os.listdir(tmp_path / "out")) == [LIBRARY, "model.onnx", "model.onnx.data"]
+    assert sorted(os.listdir(tmp_path / "out")) == sorted([LIBRARY, MANIFEST, "model.onnx", "model.onnx.data"])
     assert folders.verify_folder(folder, tmp_path / "out").ok
 
 
@@ -217,7 +218,7 @@ def test_existing_output_folder(onnx_folder, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     assert run_cli("fuse", onnx_folder, out).returncode == 0  # an empty folder is taken
-    (out / "stale.txt").write_text("from before")
+    (out / "model.onnx").unlink()  # a folder fuse wrote, one file removed since: still its own
     before = tree_digest(out)
     result = run_cli("fuse", onnx_folder, out)
     assert result.returncode == 2
@@ -226,7 +227,7 @@ def test_existing_output_folder(onnx_folder, tmp_path):
 
     replaced = run_cli("fuse", onnx_folder, out, "--replace")
     assert replaced.returncode == 0, replaced.stderr
-    assert not (out / "stale.txt").exists() and (out / "model.onnx").is_file()
+    assert (out / "model.onnx").is_file()
     assert _leftovers(tmp_path) == []
 
 
@@ -238,10 +239,12 @@ def test_failure_leaves_nothing(onnx_folder, tmp_path):
     assert result.returncode == 2 and "broken.onnx" in result.stderr
     assert not out.exists() and _leftovers(tmp_path) == []
 
-    out.mkdir()
-    (out / "keep.txt").write_text("kept")
+    (onnx_folder / "onnx" / "broken.onnx").rename(tmp_path / "broken.onnx")
+    assert run_cli("fuse", onnx_folder, out).returncode == 0
+    (tmp_path / "broken.onnx").rename(onnx_folder / "onnx" / "broken.onnx")
+    before = tree_digest(out)
     assert run_cli("fuse", onnx_folder, out, "--replace").returncode == 2
-    assert sorted(os.listdir(out)) == ["keep.txt"] and _leftovers(tmp_path) == []
+    assert tree_digest(out) == before and _leftovers(tmp_path) == []
 
 
 def test_interrupted_write_leaves_nothing(onnx_folder, tmp_path, monkeypatch):
@@ -258,11 +261,11 @@ def test_replace_without_exchange(onnx_folder, tmp_path, monkeypatch):
     """Where the system cannot swap two folders in one step, the old one is moved aside first, then removed."""
     monkeypatch.setattr(durable, "exchange", lambda _first, _second: False)
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "stale.txt").write_text("from before")
-    folders.fuse_folder(onnx_folder, out, replace=True)
-    assert not (out / "stale.txt").exists() and (out / "model.onnx").is_file()
-    assert _leftovers(tmp_path) == []
+    folders.fuse_folder(onnx_folder, out)
+    (onnx_folder / "config.json").unlink()
+    report = folders.fuse_folder(onnx_folder, out, replace=True)
+    assert not (out / "config.json").exists() and (out / "model.onnx").is_file()
+    assert report.notes == [] and _leftovers(tmp_path) == []
 
 
 @pytest.mark.parametrize("where", ["same", "inside", "parent", "same, spelled with .."])

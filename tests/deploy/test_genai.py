@@ -58,6 +58,24 @@ def test_fused_folder_generates_the_same_tokens(genai_builds, architecture, prec
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
+
+@pytest.mark.parametrize("architecture, precision", ROUND_TRIPS[:2])
+def test_onnx_target_converts_the_builders_folders(genai_builds, architecture, precision, tmp_path):
+    """`--target onnx --convert-opset`: onnx's version converter has no schema for the builder's default-domain
+    SimplifiedLayerNormalization; the model is converted with those set aside, each becomes RMSNormalization, the
+    skip ops and the contrib ops (MatMulNBits, GroupQueryAttention) stay, and genai generates the same tokens."""
+    original = genai_builds.folder(architecture, precision)
+    fused = tmp_path / "fused"
+    result = run_cli("fuse", original, fused, "--target", "onnx", "--convert-opset", "--verify")
+    assert result.returncode == 0, result.stdout + result.stderr
+    norms, after = norm_ops(original / "model.onnx"), norm_ops(fused / "model.onnx")
+    assert after == {"RMSNormalization": norms["SimplifiedLayerNormalization"],
+                     "com.microsoft.SkipSimplifiedLayerNormalization":
+                         norms["com.microsoft.SkipSimplifiedLayerNormalization"]}, after
+    assert "set aside while it converted the model, then restored unchanged" in result.stdout
+    prompt = prompt_tokens(8)
+    assert generate(fused, prompt, NEW_TOKENS) == generate(original, prompt, NEW_TOKENS)
+
 def test_library_outside_the_folder_is_refused(genai_builds, tmp_path):
     """Why the library is copied: onnxruntime-genai refuses a custom_ops_library outside the model folder (and
     outside the current directory and the execution providers' folders)."""

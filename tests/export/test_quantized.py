@@ -6,6 +6,9 @@ computing the same thing; a norm whose computation a QuantizeLinear/DequantizeLi
 is reported with that reason, and no residual Add fuses into a norm across such a pair. Every QuantizeLinear and DequantizeLinear of the quantized
 model is still there after fusing. The expected counts come from the torch module (its RMSNorm calls); numerics
 through ``ort_rmsnorm.verify``.
+
+With ``through_qdq`` the interrupted norms fuse: the pairs inside them go (each fusion lists them in its roundings),
+every other Q/DQ node stays, and the fused model is no farther from the float model than the quantized one is.
 """
 
 from __future__ import annotations
@@ -61,12 +64,12 @@ def _residual_adds(path) -> list[str]:
     return [node.name for node in graph.node if node.op_type == "Add" and node.output[0] in norm_inputs]
 
 
-def _quantize(source, tmp_path, op_types=None, nodes=None):
+def _quantize(source, tmp_path, op_types=None, nodes=None, extra_options=None):
     destination = tmp_path / "llama.qdq.onnx"
     logging.getLogger("onnxruntime.quantization").setLevel(logging.ERROR)  # "consider pre-processing" notes
     quantization.quantize_static(str(source), str(destination), _RandomTokens(),
                                  quant_format=quantization.QuantFormat.QDQ, op_types_to_quantize=op_types,
-                                 nodes_to_quantize=nodes)
+                                 nodes_to_quantize=nodes, extra_options=extra_options)
     return destination
 
 
@@ -139,3 +142,40 @@ def test_an_interrupted_norm_is_reported_with_its_reason(exported, tmp_path, op_
     _, report = fuse_file(_quantize(source, tmp_path, op_types))
     quantized = [s for s in report.skipped if "QuantizeLinear" in s.reason or "DequantizeLinear" in s.reason]
     assert len(quantized) == norms, report.summary()
+
+
+def _logits(path, input_ids) -> np.ndarray:
+    from ort_rmsnorm.runtime import make_session, run
+
+    return run(make_session(str(path)), {"input_ids": input_ids})[0].astype(np.float64)
+
+
+# And every op type with a pair of its own for each consumer: the division reads x through a pair, the square not.
+THROUGH = {**{name: (op_types, None) for name, op_types in INTERRUPTED.items()},
+           "dedicated pairs": (None, {"DedicatedQDQPair": True})}
+
+
+@pytest.mark.parametrize("op_types, extra_options", THROUGH.values(), ids=THROUGH.keys())
+def test_through_qdq_fuses_the_interrupted_norms(exported, tmp_path, op_types, extra_options):
+    source, norms = exported
+    quantized = _quantize(source, tmp_path, op_types, extra_options=extra_options)
+    fused, report = fuse_file(quantized, through_qdq=True)
+    assert len(report.fusions) == norms and not report.skipped, report.summary()
+    for fusion in report.fusions:
+        assert fusion.roundings and all(rounding.endswith("by a Q/DQ pair") for rounding in fusion.roundings)
+    # Only the pairs inside the norms (and the DequantizeLinear of each epsilon) went; every other Q/DQ node stays.
+    names = lambda path: {n.name for n in onnx.load(path, load_external_data=False).graph.node  # noqa: E731
+                          if n.op_type in QDQ_OPS}
+    removed = names(quantized) - names(fused)
+    assert names(fused) <= names(quantized) and removed
+    assert removed <= {node for fusion in report.fusions for node in fusion.replaced_nodes}
+    # Against the float model: the dropped roundings do not move the logits away from it.
+    rng = np.random.default_rng(1)
+    errors = {"quantized": [], "fused": []}
+    for _ in range(4):
+        input_ids = rng.integers(0, CONFIG.vocab_size, (2, 16))
+        expected = _logits(source, input_ids)
+        for name, path in (("quantized", quantized), ("fused", fused)):
+            errors[name].append(np.sqrt(np.mean((_logits(path, input_ids) - expected) ** 2)))
+    rms = {name: float(np.mean(values)) for name, values in errors.items()}
+    assert rms["fused"] <= 1.1 * rms["quantized"], rms

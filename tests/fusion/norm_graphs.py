@@ -72,15 +72,21 @@ class Spelling:
     """How each step of ``y = x / rms(x) * scale`` is written."""
 
     square: str = "pow"  # pow | pow_int | pow_1elem | mul
-    mean: str = "mean"  # mean | sum_div | sum_mul | sumsq_div | sumsq_mul
+    mean: str = "mean"  # mean | sum_div | sum_mul | sumsq_div | sumsq_mul | global_average_pool (axes: [2, rank))
     axes: tuple = (-1,)
     keepdims: str = "default"  # default | explicit | zero
-    eps: str = "add"  # add | add_swapped | constant_node | castlike | outside | none | input
+    eps: str = "add"  # add | add_swapped | constant_node | castlike | castlike_x | outside | none | input
     inverse: str = "reciprocal"  # div | reciprocal | reciprocal_swapped | div_one | pow_half
     upcast: bool = False  # Cast x to float32 before the square (the Hugging Face pattern; a no-op for float32 x)
     separate_casts: bool = False  # with upcast: one Cast for the square, another for the division (TorchScript T5)
     cast_back: bool = True  # with upcast: Cast the normalized value back to x's type before the scale
-    scale: str = "mul"  # none | mul | mul_swapped | one_plus | one_plus_runtime | cast | cast_after
+    scale: str = "mul"  # none | mul | mul_swapped | one_plus | one_plus_runtime | cast | cast_after | input
+    # The scale multiplied into the inverse first, x * (inverse * scale) (TensorFlow's graph optimizer): none |
+    # inverse_first (inverse * scale) | scale_first (scale * inverse); with x_last, (...) * x. factor_cast: with
+    # upcast, the float32 factor cast to x's type multiplies x itself (no cast after).
+    factor: str = "none"
+    x_last: bool = False
+    factor_cast: bool = False
     scale_shape: tuple | None = None  # default: the normalized dims
     scale_dtype: str | None = None  # default: the type the scale Mul works in
     epsilon: float = 1e-2
@@ -131,10 +137,11 @@ def _reduce(g: GraphBuilder, op_type: str, value: str, s: Spelling) -> str:
 
 
 def add_norm(
-    g: GraphBuilder, x: str, s: Spelling, compute: np.dtype, x_num: str | None = None
+    g: GraphBuilder, x: str, s: Spelling, compute: np.dtype, x_num: str | None = None, scale: str | None = None
 ) -> tuple[str, list[str]]:
     """Appends a decomposed norm of ``x`` (already in the compute type) to ``g``; returns (output, extra graph inputs).
-    ``x_num``: the value divided by the rms when the graph spells it separately (default ``x``)."""
+    ``x_num``: the value divided by the rms when the graph spells it separately (default ``x``). ``scale``: with
+    ``s.factor``, the scale that multiplies the inverse before x does."""
     extra_inputs: list[str] = []
     x_num = x_num or x
 
@@ -151,6 +158,8 @@ def add_norm(
     count = s.divisor if s.divisor is not None else int(np.prod([s.run_shape[axis] for axis in s.axes]))
     if s.mean == "mean":
         mean_square = _reduce(g, "ReduceMean", square(), s)
+    elif s.mean == "global_average_pool":
+        mean_square = g.op("GlobalAveragePool", square())
     else:
         total = (
             _reduce(g, "ReduceSumSquare", x, s) if s.mean.startswith("sumsq") else _reduce(g, "ReduceSum", square(), s)
@@ -165,6 +174,8 @@ def add_norm(
         extra_inputs.append(eps)
     elif s.eps == "castlike":
         eps = g.op("CastLike", g.constant(np.array(s.epsilon, np.float64)), mean_square)
+    elif s.eps == "castlike_x":  # flax's nnx.RMSNorm through jax2onnx
+        eps = g.op("CastLike", g.constant(np.array(s.epsilon, np.float64)), x)
     elif s.eps != "none":
         eps = g.constant(np.array(s.epsilon, compute), "constant" if s.eps == "constant_node" else None)
     if s.eps == "outside":
@@ -185,6 +196,11 @@ def add_norm(
         inverse = g.op("Div", g.constant(np.array(s.numerator, compute), "constant"), rms)
     else:
         inverse = g.op("Reciprocal", rms)
+    if s.factor != "none":
+        factor = g.op("Mul", inverse, scale) if s.factor == "inverse_first" else g.op("Mul", scale, inverse)
+        if s.factor_cast:
+            factor = g.op("CastLike", factor, x_num)
+        return (g.op("Mul", factor, x_num) if s.x_last else g.op("Mul", x_num, factor)), extra_inputs
     if s.inverse == "reciprocal_swapped":
         return g.op("Mul", inverse, x_num), extra_inputs
     return g.op("Mul", x_num, inverse), extra_inputs
@@ -203,17 +219,8 @@ def norm_model(s: Spelling, seed: int = 0) -> NormCase:
     scale_shape = s.scale_shape if s.scale_shape is not None else normalized_dims
     weights = (rng.random(scale_shape) + 0.5).astype(np.float32)
 
-    x_num = g.op("Cast", "x", to=TensorProto.FLOAT) if s.separate_casts else None
-    y, extra = add_norm(g, x, s, compute, x_num)
-    for name in extra:
-        graph_inputs.append(helper.make_tensor_value_info(name, ONNX_TYPES[compute], []))
-        feeds[name] = np.array(s.epsilon, compute)
-    out_dtype = dtype if (not s.upcast or s.cast_back) else compute
-    if s.upcast and s.cast_back and s.scale != "cast_after":
-        y = g.op("Cast", y, to=ONNX_TYPES[dtype])
-    scale_type = DTYPES[s.scale_dtype] if s.scale_dtype else (compute if s.scale == "cast_after" else out_dtype)
-    applied = None
-    if s.scale != "none":
+    def make_scale(scale_type: np.dtype) -> tuple[str, np.ndarray]:
+        """The scale's value in the graph, and the values it applies."""
         if s.scale in ("one_plus", "one_plus_runtime"):
             w = weights.astype(scale_type) - np.ones((), scale_type)  # 1 + w is then the weights again (rounded)
             if s.scale == "one_plus":
@@ -222,18 +229,40 @@ def norm_model(s: Spelling, seed: int = 0) -> NormCase:
                 w_name = "w_input"
                 graph_inputs.append(helper.make_tensor_value_info(w_name, ONNX_TYPES[scale_type], list(scale_shape)))
                 feeds[w_name] = w
-            scale = g.op("Add", g.constant(np.array(1.0, scale_type)), w_name)
-            applied = (w + np.ones((), scale_type)).astype(scale_type)
-        elif s.scale == "cast":
+            return g.op("Add", g.constant(np.array(1.0, scale_type)), w_name), (w + np.ones((), scale_type)).astype(
+                scale_type
+            )
+        if s.scale == "cast":
             stored = weights.astype(np.float16 if scale_type != np.float16 else np.float32)
-            scale = g.op("Cast", g.constant(stored), to=ONNX_TYPES[scale_type])
-            applied = stored.astype(scale_type)
-        else:
-            applied = weights.astype(scale_type)
-            scale = g.constant(applied)
-        y = g.op("Mul", scale, y) if s.scale == "mul_swapped" else g.op("Mul", y, scale)
-        if s.scale == "cast_after":
+            return g.op("Cast", g.constant(stored), to=ONNX_TYPES[scale_type]), stored.astype(scale_type)
+        applied = weights.astype(scale_type)
+        if s.scale == "input":  # a scale fed at run time (tf2onnx makes a captured constant a graph input)
+            graph_inputs.append(helper.make_tensor_value_info("w_input", ONNX_TYPES[scale_type], list(scale_shape)))
+            feeds["w_input"] = applied
+            return "w_input", applied
+        return g.constant(applied), applied
+
+    x_num = g.op("Cast", "x", to=TensorProto.FLOAT) if s.separate_casts else ("x" if s.factor_cast else None)
+    out_dtype = dtype if (not s.upcast or s.cast_back or s.factor_cast) else compute
+    applied = None
+    if s.factor != "none":  # x * (inverse * scale): the scale is multiplied in first, the cast back comes last
+        scale, applied = make_scale(DTYPES[s.scale_dtype] if s.scale_dtype else compute)
+        y, extra = add_norm(g, x, s, compute, x_num, scale)
+        if s.upcast and s.cast_back and not s.factor_cast:
             y = g.op("Cast", y, to=ONNX_TYPES[dtype])
+    else:
+        y, extra = add_norm(g, x, s, compute, x_num)
+        if s.upcast and s.cast_back and s.scale != "cast_after":
+            y = g.op("Cast", y, to=ONNX_TYPES[dtype])
+        scale_type = DTYPES[s.scale_dtype] if s.scale_dtype else (compute if s.scale == "cast_after" else out_dtype)
+        if s.scale != "none":
+            scale, applied = make_scale(scale_type)
+            y = g.op("Mul", scale, y) if s.scale == "mul_swapped" else g.op("Mul", y, scale)
+            if s.scale == "cast_after":
+                y = g.op("Cast", y, to=ONNX_TYPES[dtype])
+    for name in extra:
+        graph_inputs.append(helper.make_tensor_value_info(name, ONNX_TYPES[compute], []))
+        feeds[name] = np.array(s.epsilon, compute)
     y_shape = shape
     enlarged = np.broadcast_shapes(tuple(s.run_shape), tuple(scale_shape)) if s.scale != "none" else s.run_shape
     if shape is not None and tuple(enlarged) != tuple(s.run_shape):  # a scale that broadcasts X up (a near miss)

@@ -50,7 +50,43 @@ SPELLING_NEAR_MISSES = {
     "scale-enlarges-output": (Spelling(scale_shape=(2, 1, 1, 8), **STATIC), "would enlarge the output", True),
     "scale-dims-unknown": (Spelling(shape=None), "input shape unknown", True),
     "two-axes-scale-on-symbolic-dim": (Spelling(axes=(-2, -1)), "cannot prove the scale's dims", True),
+    # x * (inverse * w): the scale is multiplied in before x, so a scale that does not qualify keeps the whole norm.
+    "factor-scale-varies-along-rows": (
+        Spelling(factor="inverse_first", scale_shape=(3, 8), **STATIC),
+        "scale of shape [3, 8] on input [2, 3, 8] varies along non-normalized axes",
+        False,
+    ),
+    "factor-scale-graph-input-varies-along-rows": (
+        Spelling(factor="scale_first", x_last=True, scale="input", scale_shape=(3, 8), **STATIC),
+        "scale of shape [3, 8] on input [2, 3, 8] varies along non-normalized axes",
+        False,
+    ),
+    "factor-exponent-3": (Spelling(factor="inverse_first", exponent=3.0), "exponent 3 is not 2", False),
+    "factor-float64": (Spelling(factor="inverse_first", dtype="float64"), "computed in float64", False),
+    "global-average-pool-rank-unknown": (
+        Spelling(mean="global_average_pool", shape=None, scale="none"),
+        "rank unknown: GlobalAveragePool 'GlobalAveragePool_",
+        False,
+    ),
+    "global-average-pool-rank-unknown-factor": (
+        Spelling(mean="global_average_pool", shape=None, factor="inverse_first"),
+        "averages every axis after the second, and its input's rank is unknown",
+        False,
+    ),
 }
+
+ONE_REASON = [name for name in SPELLING_NEAR_MISSES if name.startswith(("factor-", "global-average-pool-"))]
+
+
+@pytest.mark.parametrize("name", ONE_REASON)
+def test_factor_and_pool_near_misses_give_one_true_reason(name):
+    """The factor-times-scale form also looks like ``Mul(scale, normalized)`` with x for the scale and w for the
+    numerator: only the factor rule's reason is reported, never ``divides 'w' by the rms of another value, 'x'``."""
+    spelling, reason, _ = SPELLING_NEAR_MISSES[name]
+    for target in ("custom", "onnx", "ort"):
+        _, report = ort_rmsnorm.fuse(norm_model(spelling).model, target)
+        assert len(report.skipped) == 1 and reason in report.skipped[0].reason, (target, report.summary())
+        assert report.fusions == []
 
 
 @pytest.mark.parametrize("name", SPELLING_NEAR_MISSES)
@@ -148,11 +184,15 @@ def test_normalized_value_used_elsewhere_fuses_without_the_scale(rng):
 # ---- LayerNorm ---------------------------------------------------------------------------------------------------
 
 
-def _centered_norm(center_axes, cast: bool) -> onnx.ModelProto:
-    """(x - mean(x)) normalized by its RMS: a LayerNorm when the mean is over the normalized axes."""
+def _centered_norm(center_axes, cast: bool, pooled: bool = False) -> onnx.ModelProto:
+    """(x - mean(x)) normalized by its RMS: a LayerNorm when the mean is over the normalized axes. ``pooled``: the
+    mean written as GlobalAveragePool (tf2onnx, rank 3: the last axis)."""
     g = GraphBuilder(18)
     source = g.op("Cast", "x", to=TensorProto.FLOAT) if cast else "x"
-    mean = g.op("ReduceMean", source, g.constant(np.array(center_axes, np.int64)))
+    if pooled:
+        mean = g.op("GlobalAveragePool", source)
+    else:
+        mean = g.op("ReduceMean", source, g.constant(np.array(center_axes, np.int64)))
     centered = g.op("Sub", source, mean)
     y, _ = add_norm(g, centered, Spelling(inverse="div"), np.dtype(np.float32))
     y = g.op(
@@ -168,9 +208,10 @@ def _centered_norm(center_axes, cast: bool) -> onnx.ModelProto:
     return make_model(graph, [helper.make_opsetid("", 18)])
 
 
+@pytest.mark.parametrize("pooled", [False, True], ids=["reduce-mean", "global-average-pool"])
 @pytest.mark.parametrize("cast", [False, True], ids=["float32", "float16-upcast"])
-def test_layernorm_is_left_alone(cast):
-    model = _centered_norm([-1], cast)
+def test_layernorm_is_left_alone(cast, pooled):
+    model = _centered_norm([-1], cast, pooled)
     fused, report = ort_rmsnorm.fuse(model)
     assert report.fusions == [] and fused.graph.node == model.graph.node
     assert {entry.reason for entry in report.skipped} == {

@@ -79,17 +79,47 @@ SPELLINGS = {
     "keepdims-0-rank-1": Spelling(keepdims="zero", shape=(8,), run_shape=(8,)),
     "rank-4": Spelling(shape=("B", 2, 3, 8), run_shape=(2, 2, 3, 8), axes=(-1,)),
     "rank-2": Spelling(shape=("N", 8), run_shape=(5, 8)),
+    # TensorFlow (tf2onnx): its graph optimizer multiplies a constant scale into the inverse first, x * (r * w), and
+    # tf2onnx writes a last-axis mean of a rank-3 float tensor at opset < 18 as GlobalAveragePool.
+    "tf-keras-opset17": Spelling(square="mul", mean="global_average_pool", factor="inverse_first", opset=17),
+    "tf-keras-opset18": Spelling(square="mul", factor="inverse_first"),
+    "tf-factor-scale-first": Spelling(factor="scale_first"),
+    "tf-factor-x-last": Spelling(factor="inverse_first", x_last=True),
+    "tf-factor-scale-first-x-last": Spelling(factor="scale_first", x_last=True),
+    "tf-factor-scale-graph-input": Spelling(factor="inverse_first", scale="input"),
+    "tf-factor-one-plus-w-folded": Spelling(factor="inverse_first", scale="one_plus"),
+    "tf-factor-scale-cast": Spelling(factor="inverse_first", scale="cast"),
+    "tf-factor-div-one": Spelling(factor="inverse_first", inverse="div_one"),
+    "tf-factor-pow-minus-half": Spelling(factor="scale_first", inverse="pow_half"),
+    "tf-factor-eps-outside-sqrt": Spelling(factor="inverse_first", eps="outside"),
+    "tf-factor-two-axes": Spelling(factor="inverse_first", axes=(-2, -1), **STATIC),
+    "tf-factor-float16": Spelling(factor="inverse_first", dtype="float16"),
+    "tf-factor-mixed-float16-cast-after": Spelling(factor="inverse_first", dtype="float16", upcast=True),
+    "tf-factor-mixed-bfloat16-x-last": Spelling(factor="scale_first", x_last=True, dtype="bfloat16", upcast=True),
+    "tf-factor-float32-output": Spelling(factor="inverse_first", dtype="float16", upcast=True, cast_back=False),
+    "tf-factor-cast-to-float16": Spelling(factor="inverse_first", dtype="float16", upcast=True, factor_cast=True),
+    "global-average-pool-rank-3": Spelling(mean="global_average_pool", opset=17),
+    # jax2onnx 0.17: flax's nnx.RMSNorm, and x * jax.lax.rsqrt(jnp.mean(jnp.square(x), -1) + eps) * w (its opset 23
+    # spells them as opset 18 does; 18 here, so that the oldest onnxruntime allowed runs them too).
+    "jax2onnx-flax-rmsnorm": Spelling(square="mul", eps="castlike_x", inverse="div"),
+    "jax2onnx-jnp-rsqrt": Spelling(square="mul", inverse="div_one"),
+    "global-average-pool-rank-4-two-axes": Spelling(
+        mean="global_average_pool", axes=(-2, -1), shape=("B", 2, 3, 8), run_shape=(2, 2, 3, 8)
+    ),
+    "global-average-pool-rank-5-three-axes": Spelling(
+        mean="global_average_pool", axes=(2, 3, 4), shape=(2, 2, 2, 3, 8), run_shape=(2, 2, 2, 3, 8)
+    ),
 }
 
 
 def expected_x_dtype(s: Spelling) -> np.dtype:
     """The fused op's X: the original input, except when the graph's output stayed float32 after an up-cast."""
-    return np.dtype(np.float32) if s.upcast and not s.cast_back else s.np_dtype
+    return np.dtype(np.float32) if s.upcast and not s.cast_back and not s.factor_cast else s.np_dtype
 
 
 def expected_ops(s: Spelling) -> list[str]:
     ops = ["Identity", "RMSNorm", "Shape"]  # Identity to the output and the unrelated Shape were there before
-    if s.upcast and not s.cast_back:
+    if s.upcast and not s.cast_back and not s.factor_cast:
         ops.append("Cast")  # X is the float32 value: the output was float32
     if s.scale == "one_plus":
         ops.append("Constant")  # 1 + w folded
@@ -121,6 +151,8 @@ def test_spelling_fuses_exactly(name):
         assert len(node.input) == 1
     elif s.scale == "one_plus_runtime":
         assert len(node.input) == 2  # 1 + w computed at run time, fed as is
+    elif s.scale == "input":
+        assert list(node.input) == ["x", "w_input"]
     elif s.scale != "cast":
         np.testing.assert_array_equal(
             scale_array(fused, node.input[1]).astype(np.float64), case.scale.astype(np.float64)
@@ -144,7 +176,7 @@ def test_spelling_fuses_exactly(name):
     assert report.skipped == []
     # Numerics.
     fused_out = run_fused(fused, case.feeds)
-    assert fused_out[0].dtype == (s.np_dtype if s.cast_back or not s.upcast else np.float32)
+    assert fused_out[0].dtype == expected_x_dtype(s)
     np.testing.assert_array_equal(fused_out[1], case.feeds["x"].shape)
     if s.dtype != "bfloat16":  # onnxruntime's CPU provider has no bfloat16 Mul/Add to run the unfused graph
         unfused = run_unfused(case.model, case.feeds)

@@ -38,6 +38,13 @@ EXPRESSIBLE = {
     "hf-float16-no-scale": Spelling(dtype="float16", upcast=True, scale="none"),
     "hf-bfloat16": Spelling(dtype="bfloat16", upcast=True),
     "sum-div": Spelling(mean="sum_div"),
+    # tf2onnx: the scale multiplied into the inverse first; at opset 17 the mean as GlobalAveragePool.
+    "tf-keras-opset17": Spelling(square="mul", mean="global_average_pool", factor="inverse_first", opset=17),
+    "tf-keras-opset18": Spelling(square="mul", factor="inverse_first"),
+    "tf-factor-scale-first-x-last": Spelling(factor="scale_first", x_last=True),
+    "global-average-pool-two-axes": Spelling(
+        mean="global_average_pool", axes=(-2, -1), shape=("B", 2, 3, 8), run_shape=(2, 2, 3, 8)
+    ),
 }
 
 

@@ -30,6 +30,7 @@ LAYERS = {
     "ort_rmsnorm.durable": LEAF,
     "ort_rmsnorm.model_io": LEAF,
     "ort_rmsnorm.model_graphs": LEAF,
+    "ort_rmsnorm.shape_refinement": LEAF,
     "ort_rmsnorm.model_types": LEAF,
     "ort_rmsnorm.schemas": LEAF,
     "ort_rmsnorm.rewrites": PASS,
