@@ -160,7 +160,9 @@ def write_table(path: str, table: dict[str, dict[str, int]], measured_on: str) -
         text = file.read()
     head = text[: text.index("MEASURED_ON = ")]
     with open(path, "w") as file:
-        file.write(head + f"MEASURED_ON = {measured_on!r}\nFASTER_UP_TO: dict[str, dict[str, int]] = {table!r}\n")
+        file.write(head + f"MEASURED_ON = {measured_on!r}\nFASTER_UP_TO: dict[str, dict[str, int]] = {{\n")
+        file.writelines(f"    {op!r}: {limits!r},\n" for op, limits in table.items())
+        file.write("}\n")
 
 
 def main() -> None:
