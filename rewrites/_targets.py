@@ -458,7 +458,8 @@ class _StandardLikeTarget(Target):
 class OnnxTarget(_StandardLikeTarget):
     name = ONNX
     norm_op = ONNX_RMSNORM
-    converts = (*(op for op in NORM_OPS if op != ONNX_RMSNORM), *SKIP_NORM_OPS)  # a residual op: Adds + the norm
+    # Our residual op as Adds + the norm, so the model needs no library; onnxruntime's stays (onnxruntime runs it).
+    converts = (*(op for op in NORM_OPS if op != ONNX_RMSNORM), OURS_SKIP_RMSNORM)
     opset = ONNX_RMSNORM_OPSET
 
     def adapt(self, spec, graph_like, model, facts):
