@@ -142,7 +142,8 @@ def add_fuse_arguments(parser: argparse.ArgumentParser) -> None:
                              "--replace, be a folder fuse wrote)")
     parser.add_argument("--target", choices=TARGETS, default=DEFAULT_TARGET,
                         help="custom: ort_rmsnorm.RMSNorm/SkipRMSNorm (default); onnx: RMSNormalization (opset 23); "
-                             "ort: onnxruntime's SimplifiedLayerNormalization")
+                             "ort: onnxruntime's SimplifiedLayerNormalization; auto: per norm the faster of ours and "
+                             "onnxruntime's; decomposed: plain ONNX ops (undoes a fusion)")
     parser.add_argument("--convert-opset", action="store_true",
                         help="with --target onnx: convert a model below opset 23 to opset 23")
     parser.add_argument("--through-qdq", action="store_true",

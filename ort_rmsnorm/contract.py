@@ -73,10 +73,11 @@ SKIP_NORM_OPS = (OURS_SKIP_RMSNORM, ORT_SKIP_NORM)
 
 # ---- the pass's targets ------------------------------------------------------------------------------------------
 
-CUSTOM, ONNX, ORT = "custom", "onnx", "ort"
-TARGETS = (CUSTOM, ONNX, ORT)
-"""``custom``: our ops; ``onnx``: ``RMSNormalization``; ``ort``: onnxruntime's built-in ops (docs/fusion.md). The pass
-defines what each emits (``rewrites/_targets.py``), in this order."""
+CUSTOM, ONNX, ORT, AUTO, DECOMPOSED = "custom", "onnx", "ort", "auto", "decomposed"
+TARGETS = (CUSTOM, ONNX, ORT, AUTO, DECOMPOSED)
+"""``custom``: our ops; ``onnx``: ``RMSNormalization``; ``ort``: onnxruntime's built-in ops; ``auto``: per norm, ours or
+onnxruntime's, whichever is faster on the CPU; ``decomposed``: plain ONNX ops (docs/fusion.md). The pass defines what
+each emits (``rewrites/_targets.py``, ``_auto.py``, ``_decomposed.py``), in this order."""
 DEFAULT_TARGET = CUSTOM
 
 # ---- verification ------------------------------------------------------------------------------------------------

@@ -6,9 +6,10 @@ otherwise built with ``onnx.helper`` in the same spelling; onnxruntime fuses non
 Its MatMuls are quantized to int4 with onnxruntime's own quantizer (:mod:`ort_rmsnorm.int4`): with weights 8x
 smaller, the per-node cost of a decomposed norm (seven nodes, plus the residual Add before it) is a visible part
 of a decode step. Where ``onnxruntime.quantization`` cannot be imported the demo says what to install and goes on
-with the float model. Then the model is fused and verified, one decode step (a forward over one token: this model
-has no KV cache) and one prefill are timed before and after (runs interleaved, medians), and onnxruntime's profiler
-says which share of each model's kernel time its norms take.
+with the float model. Then the model is fused and verified, also for the targets ``ort`` (onnxruntime's own norm
+ops) and ``auto`` (the faster op per norm), one decode step (a forward over one token: this model has no KV cache)
+and one prefill are timed for the original and each fused model (runs interleaved, medians), and onnxruntime's
+profiler says which share of each model's kernel time its norms take.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import numpy as np
 import onnx
 
 from . import int4, model_io, runtime
-from .contract import RMSNORM, SKIP_RMSNORM
+from .contract import AUTO, ORT, RMSNORM, SKIP_RMSNORM
 from .llama import OPSET, LlamaConfig, build_llama_onnx
 
 BUILDERS = ("auto", "torch", "onnx")
@@ -34,6 +35,16 @@ QUANTIZATIONS = ("int4", "none")
 DEMO_CONFIG = LlamaConfig(vocab_size=2048, hidden_size=256, intermediate_size=688, num_layers=8, num_heads=4)
 FUSED_OPS = (RMSNORM, SKIP_RMSNORM)  # as the profiler names them (no domain)
 PROFILED_RUNS = {"decode": 100, "prefill": 5}
+# Fused and timed next to the default target: onnxruntime's own ops, and the faster op per norm.
+OTHER_TARGETS = (ORT, AUTO)
+
+
+def _op_counts(report) -> str:
+    """``5 x SimplifiedLayerNormalization, 4 x ort_rmsnorm.SkipRMSNorm`` for the ops a report's fusions wrote."""
+    counts: dict[str, int] = {}
+    for fusion in report.fusions:
+        counts[fusion.op_type] = counts.get(fusion.op_type, 0) + 1
+    return ", ".join(f"{count} x {op}" for op, count in sorted(counts.items())) or "nothing fused"
 
 
 def torch_available() -> bool:
@@ -58,10 +69,12 @@ def build_model(path: Path, config: LlamaConfig, dtype: str, builder: str) -> st
 
 @dataclasses.dataclass
 class Timing:
-    """Seconds of the interleaved runs of each model."""
+    """Seconds of the interleaved runs of each model: the original, the fused one (target custom) and, per other
+    target, its fused model."""
 
     original: list[float]
     fused: list[float]
+    others: dict[str, list[float]] = dataclasses.field(default_factory=dict)
 
     @staticmethod
     def describe(samples: list[float]) -> str:
@@ -72,16 +85,22 @@ class Timing:
     def speedup(self) -> float:
         return statistics.median(self.original) / statistics.median(self.fused)
 
+    def speedup_of(self, target: str) -> float:
+        return statistics.median(self.original) / statistics.median(self.others[target])
 
-def time_models(original: Path, fused: Path, feeds: dict[str, np.ndarray], runs: int, threads: int) -> Timing:
+
+def time_models(original: Path, fused: Path, feeds: dict[str, np.ndarray], runs: int, threads: int,
+                others: dict[str, Path] | None = None) -> Timing:
     """Single runs of each model, taking turns, same session options. On one thread the calling thread does all
     the work, and its CPU time leaves out the time other processes hold the core."""
+    others = others or {}
     sessions = [runtime.make_session(str(path), threads=threads, options=runtime.timing_options())
-                for path in (original, fused)]
+                for path in (original, fused, *others.values())]
     from .bench.timing import clock_function, clock_name
 
     clock = clock_function(clock_name(threads, "auto"))
-    return Timing(*runtime.time_interleaved(sessions, feeds, runs, warmup=3, clock=clock))
+    original_s, fused_s, *rest = runtime.time_interleaved(sessions, feeds, runs, warmup=3, clock=clock)
+    return Timing(original_s, fused_s, dict(zip(others, rest)))
 
 
 def norm_shares(path: Path, steps: dict[str, dict[str, np.ndarray]], threads: int, prefix: Path,
@@ -158,22 +177,39 @@ def run_demo(
         if not result.ok:
             return 1
 
+        # The same pass writing onnxruntime's own ops, and the faster op per norm: the alternatives a user has.
+        others = {}
+        for target in OTHER_TARGETS:
+            path = original.with_name(original.name.replace(".onnx", f".{target}.onnx"))
+            other = fuse_file(original, path, target).report
+            checked = verify.verify(original, path, inputs=steps["prefill"])
+            log(f"\ntarget {target}: {_op_counts(other)}; verify: {'ok' if checked.ok else 'FAILED'}"
+                + (f" -> {path}" if kept else ""))
+            if not checked.ok:
+                log(checked.describe())
+                return 1
+            others[target] = path
+
         clock = "the calling thread's CPU time" if threads == 1 else "wall time"
         log(f"\ntiming: {threads} intra-op thread{'s' if threads > 1 else ''}, same session options (onnxruntime "
-            f"optimizations on), runs of the two models interleaved, {clock}:")
+            f"optimizations on), runs of the models interleaved, {clock}:")
         from .bench.machine import load_average, load_note
         from .bench.tables import faster_or_slower
 
         timings = {}
         loads = load_average()
         for phase, phase_runs in (("decode", decode_runs), ("prefill", runs)):
-            timings[phase] = timing = time_models(original, fused, steps[phase], phase_runs, threads)
+            timings[phase] = timing = time_models(original, fused, steps[phase], phase_runs, threads, others)
             tokens = steps[phase]["input_ids"].shape[1]
             log(f"  {phase} ({tokens} token{'s' if tokens > 1 else ''}), {phase_runs} runs of each model:")
             log(f"    original {Timing.describe(timing.original)}")
             log(f"    fused    {Timing.describe(timing.fused)}")
+            for target in others:
+                log(f"    {target:<8} {Timing.describe(timing.others[target])}")
             log(f"    original / fused: {timing.speedup:.3f} (the fused model "
                 f"{faster_or_slower(timing.speedup, 'the original')})")
+            for target in others:
+                log(f"    original / {target}: {timing.speedup_of(target):.3f}")
             loads += load_average()
         if (note := load_note(loads, threads)) is not None:
             log(f"  {note}")

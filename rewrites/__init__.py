@@ -12,7 +12,7 @@ from ort_rmsnorm.model_types import TypeTable, infer_types
 
 from ._pass import fuse_model, rules, upgrade_default_opset
 from ._report import Fusion, FusionReport, Skipped
-from ._targets import TARGETS
+from ._target_list import TARGETS
 
 __all__ = [
     "TARGETS",

@@ -52,7 +52,10 @@ def finish(session: FusionSession, model: ir.Model, annotations: Annotations) ->
     annotations.restore_types()  # the rewriter annotates Constant outputs
     bodies = all_bodies(model)  # one walk for all functions
     _type_function_calls(model, bodies, [fused.node for fused in fused_nodes], session.facts)
-    new_values = {value for fused in fused_nodes for value in _new_values(fused, annotations)}
+    stops = {value for fused in fused_nodes for value, _ in fused.outputs}
+    orders: dict[ir.Graph, dict[ir.Node, int]] = {}
+    extras = {id(fused): _emitted_with(fused, annotations, stops, orders) for fused in fused_nodes}
+    new_values = {value for fused in fused_nodes for value in _new_values(fused, extras[id(fused)], annotations)}
     taken = {
         value.name
         for graph in graph_likes(model)
@@ -66,9 +69,9 @@ def finish(session: FusionSession, model: ir.Model, annotations: Annotations) ->
     unannotated = set() if model.ir_version >= 10 else {graph for graphs in bodies.values() for graph in graphs}
     for fused in fused_nodes:
         node_names.give(fused.node, fused.node.name)
-        _finish_outputs(fused, taken, annotations, node_names)
+        _finish_outputs(fused, extras[id(fused)], taken, annotations, node_names)
         if fused.node.graph in unannotated:
-            for value in _new_values(fused, annotations):
+            for value in _new_values(fused, extras[id(fused)], annotations):
                 value.type, value.shape = None, None
         fused.record.node = fused.node.name
         replaced = fused.matched + [node for node in fused.removed if node not in fused.matched]
@@ -136,28 +139,49 @@ def _restore_topological_order(skip_nodes: list[ir.Node]) -> None:
             graph.sort()
 
 
-def _new_constants(node: ir.Node, annotations: Annotations) -> list[ir.Node]:
-    """The Constant nodes the pass made for ``node`` (a folded, converted or ones scale, an expanded gamma). An input
-    produced by another fused node (a norm right after a norm) is a value of the model, not one of these."""
-    producers = [value.producer() for value in node.inputs if value is not None]
-    return [
-        producer
-        for producer in producers
-        if producer is not None and producer.op_type == "Constant" and not annotations.existed(producer)
-    ]
+def _emitted_with(fused: FusedNode, annotations: Annotations, stops: set[ir.Value],
+                  orders: dict[ir.Graph, dict[ir.Node, int]]) -> list[ir.Node]:
+    """The other nodes the pass emitted for ``fused`` (Constants for a folded, converted or ones scale or an expanded
+    gamma; where a target writes a norm as several nodes, those too), in graph order: the new producers upstream of
+    its values, up to values of the model and those another fused norm emitted in place of one (a norm right after
+    a norm). ``orders``: each graph's node order, made once for all fusions (per fusion, it was quadratic in the
+    model's size)."""
+    found: list[ir.Node] = []
+    pending = [fused.node] + [value.producer() for value, _ in fused.outputs if value.producer() is not None]
+    seen = set()
+    while pending:
+        node = pending.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if node is not fused.node and node not in found:
+            found.append(node)
+        for value in node.inputs:
+            producer = value.producer() if value is not None else None
+            if producer is not None and value not in stops and not annotations.existed(producer):
+                pending.append(producer)
+    graph = fused.node.graph
+    if len(found) < 2 or graph is None:
+        return found
+    if graph not in orders:
+        orders[graph] = {node: index for index, node in enumerate(graph)}
+    order = orders[graph]
+    return sorted(found, key=lambda node: order.get(node, -1))
 
 
-def _new_values(fused: FusedNode, annotations: Annotations) -> list[ir.Value]:
-    """Outputs of the emitted node and of the constants the pass made for it."""
-    created = _new_constants(fused.node, annotations)
-    return [*fused.node.outputs, *(value for node in created for value in node.outputs)]
+def _new_values(fused: FusedNode, extras: list[ir.Node], annotations: Annotations) -> list[ir.Value]:
+    """Outputs of the emitted nodes."""
+    return [*fused.node.outputs, *(value for node in extras for value in node.outputs)]
 
 
-def _finish_outputs(fused: FusedNode, taken: set[str], annotations: Annotations, node_names: NodeNames) -> None:
-    """Each output that replaced a value takes its name, type and shape (value_info helps onnxruntime's later
-    optimizations); optional outputs nobody reads are dropped or left unnamed; new constants get unique names."""
+def _finish_outputs(
+    fused: FusedNode, extras: list[ir.Node], taken: set[str], annotations: Annotations, node_names: NodeNames
+) -> None:
+    """Each emitted value that replaced a value takes its name, type and shape (value_info helps onnxruntime's later
+    optimizations); optional outputs nobody reads are dropped or left unnamed; the other emitted nodes and their
+    outputs get unique names after the norm's (``<norm>/scale`` for a scale constant)."""
     node = fused.node
-    for value, (name, dtype, shape) in zip(node.outputs, fused.output_facts):
+    for value, (name, dtype, shape) in fused.outputs:
         if name:
             value.name = unique(name, taken)
         if dtype is not None:
@@ -169,6 +193,11 @@ def _finish_outputs(fused: FusedNode, taken: set[str], annotations: Annotations,
     for value, flag in zip(node.outputs, read):
         if not flag:
             value.name = ""
-    for producer in _new_constants(node, annotations):
-        node_names.give(producer, f"{node.name}/scale")
-        producer.outputs[0].name = unique(f"{node.name}/scale", taken)
+    replacing = {value for value, _ in fused.outputs}
+    for extra in extras:
+        suffix = "scale" if extra.op_type == "Constant" and any(value in node.inputs for value in extra.outputs) \
+            else extra.op_type
+        node_names.give(extra, f"{node.name}/{suffix}")
+        for value in extra.outputs:
+            if value not in replacing:
+                value.name = unique(f"{node.name}/{suffix}", taken)

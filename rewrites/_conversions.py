@@ -1,6 +1,7 @@
 """Norm ops already in the model -> the target's: an exporter's opset-23 ``RMSNormalization``, onnxruntime's
-``SimplifiedLayerNormalization``, our ``RMSNorm`` -> the target's norm op, and onnxruntime's
-``SkipSimplifiedLayerNormalization`` -> ``SkipRMSNorm``, where the target's op computes the same thing."""
+``SimplifiedLayerNormalization``, our ``RMSNorm`` -> the target's norm op, and the residual ops (onnxruntime's
+``SkipSimplifiedLayerNormalization``, our ``SkipRMSNorm``) -> the target's way of writing them, where that computes
+the same thing."""
 
 from __future__ import annotations
 
@@ -14,15 +15,12 @@ from ort_rmsnorm.contract import (
     EPS_OUTSIDE,
     EPS_OUTSIDE_SQRT,
     EPSILON,
-    MS_DOMAIN,
     NORMALIZE_FLOAT32_SUM,
     ONNX_RMSNORM,
     ONNX_RMSNORM_OPSET,
     OP_DOMAIN,
-    OP_VERSION,
     ORT_SKIP_DEFAULT_EPSILON,
-    ORT_SKIP_NORM,
-    ORT_SKIP_SIMPLIFIED_LAYER_NORM,
+    OURS_SKIP_RMSNORM,
     SKIP_RMSNORM,
     unqualified,
 )
@@ -44,7 +42,7 @@ from ._naming import node_path
 from ._rule import FusionRule, NormRule
 from ._scales import scale_spec
 from ._session import FusionSession
-from ._targets import NormSpec, default_opset, scale_input
+from ._targets import NormSpec, SkipSpec, default_opset
 
 
 class NormOpConversion(NormRule):
@@ -120,96 +118,107 @@ def _normalized_axis(node: ir.Node, what: str, rank: int | None) -> int:
     return axis - rank if axis >= 0 else axis
 
 
-class SkipNormOpConversion(FusionRule):
-    """onnxruntime's ``com.microsoft.SkipSimplifiedLayerNormalization`` (onnxruntime-genai's model builder, the
-    transformer optimizer and Olive write it) -> ``SkipRMSNorm``, for the ``custom`` target.
+class SkipOpConversion(FusionRule):
+    """A residual norm op already in the model -> the target's way of writing it (``Target.adapt_skip``), where that
+    computes the same thing: ours, ``SkipRMSNorm(X, skip, scale?, bias?) -> (Y, sum?)``, or onnxruntime's
+    ``com.microsoft.SkipSimplifiedLayerNormalization(input, skip, gamma, bias?) -> (output, mean, inv_std_var,
+    input_skip_bias_sum)`` (onnxruntime-genai's model builder, the transformer optimizer and Olive write it).
 
-    Both normalize the last axis of ``s = input + skip (+ bias)`` computed in float32 and give ``sum`` as
-    ``round_T(s)``: for 16-bit types onnxruntime normalizes ``s`` before rounding it, which ``SkipRMSNorm`` does with
-    ``normalize_float32_sum=1``. The op writes its ``sum`` as its 4th output (``[y, "", "", sum]``) or has none
-    (``[y]``): one rule instance for each."""
+    Both compute ``s = input + skip (+ bias)`` in float32 and give ``sum`` as ``round_T(s)``; onnxruntime's
+    normalizes the last axis of ``s`` before rounding it (for 16-bit types; ours does with
+    ``normalize_float32_sum=1``). The sum is the op's last output or absent: one rule instance for each."""
 
-    def __init__(self, session: FusionSession, with_sum: bool) -> None:
-        super().__init__(f"Convert[{ORT_SKIP_NORM}]", session)
+    def __init__(self, source: str, session: FusionSession, with_sum: bool) -> None:
+        super().__init__(f"Convert[{source}]", session)
+        self._source = source
+        self._domain, self._op_type = unqualified(source)
+        self._ours = source == OURS_SKIP_RMSNORM
         self._with_sum = with_sum
 
     def root(self, bindings):
         return bindings["normed"].producer()
 
-    def pattern(self, op, x, skip, gamma):
-        bias = pattern.Var("bias", can_match_none=True)
-        skip_norm = getattr(op, ORT_SKIP_SIMPLIFIED_LAYER_NORM)
-        if not self._with_sum:
-            return skip_norm(x, skip, gamma, bias, _domain=MS_DOMAIN, _outputs=["normed"])
-        normed, _, _, total = skip_norm(
-            x, skip, gamma, bias, _domain=MS_DOMAIN, _outputs=["normed", "mean", "inv_std_var", "total"]
-        )
-        return normed, total
+    def _sum_index(self) -> int:
+        return 1 if self._ours else 3
 
-    def check(self, context, x, skip, gamma, normed, bias=None, **_):
+    def pattern(self, op, x, skip):
+        gamma = pattern.Var("gamma", can_match_none=self._ours)
+        bias = pattern.Var("bias", can_match_none=True)
+        skip_norm = getattr(op, self._op_type)
+        if not self._with_sum:
+            return skip_norm(x, skip, gamma, bias, _domain=self._domain, _outputs=["normed"])
+        names = ["normed", "total"] if self._ours else ["normed", "mean", "inv_std_var", "total"]
+        outputs = skip_norm(x, skip, gamma, bias, _domain=self._domain, _outputs=names)
+        return outputs[0], outputs[-1]
+
+    def check(self, context, x, skip, normed, gamma=None, bias=None, **_):
         node = normed.producer()
-        has_sum = len(node.outputs) >= 4 and bool(node.outputs[3].uses() or node.outputs[3].is_graph_output())
+        index = self._sum_index()
+        has_sum = len(node.outputs) > index and bool(node.outputs[index].uses() or node.outputs[index].is_graph_output())
         if self._with_sum != has_sum:
             # Each node is the other instance's (onnxscript's matcher of several outputs can also bind a node that
             # lacks the later ones).
             return pattern.MatchResult().fail("the sum output is the other rule's")
+        session = self._session
         try:
             spec = self._analyze(node, x, skip, gamma, bias)
-            spec = self._session.target.adapt(spec, context.graph_or_function, context.model, self._session.facts)
+            spec = session.target.adapt_skip(spec, context.graph_or_function, context.model, session.facts)
         except NotFusable as error:
             return self._decline(context, error, node)
+        if spec.norm.op == self._source:
+            return self._keep(self._source)
         return self._accept({"normed": normed}, (spec, context))
 
-    def _analyze(self, node: ir.Node, x: ir.Value, skip: ir.Value, gamma: ir.Value, bias: ir.Value | None):
+    def _analyze(self, node: ir.Node, x: ir.Value, skip: ir.Value, gamma: ir.Value | None,
+                 bias: ir.Value | None) -> SkipSpec:
         facts = self._session.facts
-        what = f"{ORT_SKIP_NORM} {label(node)}"
-        statistics = node.outputs[1:3]
-        if any(value.uses() or value.is_graph_output() for value in statistics):
+        what = f"{self._source} {label(node)}"
+        if not self._ours and any(value.uses() or value.is_graph_output() for value in node.outputs[1:3]):
             raise NotFusable(f"{what}: its mean or inv_std_var output is in use (the fused ops have none)", node)
         x_dtype = facts.dtype(x)
         if x_dtype not in NORM_DTYPES:
             raise NotFusable(
                 f"{what}: {dtype_name(x_dtype)} input; the fused ops take float32, float16, bfloat16", node
             )
-        x_shape, skip_shape = facts.shape(x), facts.shape(skip)
-        if not same_shape(x_shape, skip_shape):
-            raise NotFusable(
-                f"{what}: skip of shape {format_shape(skip_shape)} on input {format_shape(x_shape)} is not known to "
-                "have the input's shape (SkipRMSNorm's skip has X's shape)",
-                node,
-            )
-        if bias is not None:
-            check_scale_shape(facts.shape(bias), x_shape, 1, node)
-            if facts.dtype(bias) != x_dtype:
+        x_shape = facts.shape(x)
+        if self._ours:
+            # The op checks at run time that skip has X's shape and that scale and bias broadcast onto the
+            # normalized dims without enlarging X: as the Adds and Muls other targets write them.
+            axis = _normalized_axis(node, what, x_shape.rank() if x_shape is not None else None)
+            placement = EPS_OUTSIDE if int_attribute(node, EPS_OUTSIDE_SQRT, 0) else EPS_INSIDE
+            epsilon = float_attribute(node, EPSILON, DEFAULT_EPSILON)
+            float32_sum = bool(int_attribute(node, NORMALIZE_FLOAT32_SUM, 0)) or x_dtype == ir.DataType.FLOAT
+        else:
+            skip_shape = facts.shape(skip)
+            if not same_shape(x_shape, skip_shape):
                 raise NotFusable(
-                    f"{what}: bias of type {dtype_name(facts.dtype(bias))} on a {dtype_name(x_dtype)} input", node
+                    f"{what}: skip of shape {format_shape(skip_shape)} on input {format_shape(x_shape)} is not known "
+                    "to have the input's shape (SkipRMSNorm's skip has X's shape)",
+                    node,
                 )
-        epsilon = float_attribute(node, EPSILON, ORT_SKIP_DEFAULT_EPSILON)
+            if bias is not None:
+                check_scale_shape(facts.shape(bias), x_shape, 1, node)
+                if facts.dtype(bias) != x_dtype:
+                    raise NotFusable(
+                        f"{what}: bias of type {dtype_name(facts.dtype(bias))} on a {dtype_name(x_dtype)} input", node
+                    )
+            axis, placement, float32_sum = -1, EPS_INSIDE, True
+            epsilon = float_attribute(node, EPSILON, ORT_SKIP_DEFAULT_EPSILON)
         if epsilon is None:
             raise NotFusable(f"{what}: the epsilon attribute is not a float", node)
         check_epsilon(epsilon, f"{what}: ", node)
-        scale = scale_spec(gamma, x_shape, 1, facts)
-        if scale is None and bias is not None:
-            raise NotFusable(
-                f"{what}: a bias with a gamma of ones would make a SkipRMSNorm without a scale but with a bias, which "
-                "onnxruntime 1.20 to 1.23 cannot load",
-                node,
-            )
-        return NormSpec(x, x_dtype, x_shape, -1, epsilon, EPS_INSIDE, scale)
+        scale = scale_spec(gamma, x_shape, -axis, facts)
+        norm = NormSpec(x, x_dtype, x_shape, axis, epsilon, placement, scale)
+        return SkipSpec(x, skip, bias, x_dtype, float32_sum, norm, what)
 
-    def rewrite(self, op, x, skip, normed, bias=None, total=None, **_):
+    def rewrite(self, op, x, skip, normed, total=None, **_):
         session = self._session
         spec, context = self._decision({"normed": normed})
-        name = f"{node_path(normed.producer())}{SKIP_RMSNORM}"
-        inputs = [x, skip, scale_input(op, spec.scale, name)] + ([bias] if bias is not None else [])
-        while inputs[-1] is None:
-            inputs.pop()
-        attributes = {EPSILON: spec.epsilon}
-        if spec.x_dtype in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16):  # float32: the same sum either way
-            attributes[NORMALIZE_FLOAT32_SUM] = 1
-        outputs = getattr(op, SKIP_RMSNORM)(
-            *inputs, _domain=OP_DOMAIN, _version=OP_VERSION, _outputs=2, _name=name, **attributes
-        )
-        replaced = [normed, total]
-        session.fused_norm(spec, outputs[0].producer(), context, self.name, ORT_SKIP_NORM, replaced, skip=True)
-        return (outputs[0], outputs[1]) if self._with_sum else outputs[0]
+        path = node_path(normed.producer())
+        emitted = session.target.emit_skip(op, spec, f"{path}{SKIP_RMSNORM}")
+        emitted.node.name = f"{path}{session.target.name_for(emitted.node)}"
+        replaced = [normed] + ([total] if total is not None else [])
+        values = [emitted.y] + ([emitted.total] if total is not None else [])
+        session.fused_norm(spec.norm, emitted.node, context, self.name, self._source, replaced, skip=True,
+                           emitted=values)
+        return (emitted.y, emitted.total) if self._with_sum else emitted.y

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from ort_rmsnorm.contract import DEFAULT_TARGET, NORM_OPS, SKIP_NORM_OPS, qualified
-from ort_rmsnorm.model_graphs import scopes, walk
+from ort_rmsnorm.contract import DEFAULT_TARGET, NORM_OPS, OP_DOMAIN, OP_VERSION, SKIP_NORM_OPS, qualified
+from ort_rmsnorm.model_graphs import nodes, scopes, walk
 from ort_rmsnorm.model_types import TypeTable, infer_types
 
 from ._annotations import Annotations, visiting_order
@@ -18,7 +18,8 @@ from ._opset_upgrade import upgrade_default_opset
 from ._report import FusionReport
 from ._rule_set import PhasedRuleSet, build_phases
 from ._session import FusionSession
-from ._targets import default_opset, get_target
+from ._target_list import get_target
+from ._targets import default_opset
 
 
 def rules(
@@ -52,8 +53,9 @@ def fuse_model(
 
     Weights are never loaded: shape inference runs with large initializers detached, and the rules read only small
     constants (epsilon, exponents, axes; a scale when it is folded or converted for a target). ``target`` is
-    ``custom`` (ort_rmsnorm.RMSNorm/SkipRMSNorm), ``onnx`` (RMSNormalization, opset 23) or ``ort`` (onnxruntime's
-    SimplifiedLayerNormalization and com.microsoft.SkipSimplifiedLayerNormalization). With ``target="onnx"`` and a
+    ``custom`` (ort_rmsnorm.RMSNorm/SkipRMSNorm), ``onnx`` (RMSNormalization, opset 23), ``ort`` (onnxruntime's
+    SimplifiedLayerNormalization and com.microsoft.SkipSimplifiedLayerNormalization), ``auto`` (per norm the faster
+    of ``custom``'s and ``ort``'s) or ``decomposed`` (every norm op as plain ONNX ops). With ``target="onnx"`` and a
     model below opset 23, ``allow_opset_upgrade=True`` first converts the model with onnx's version converter;
     otherwise each norm is reported as skipped. ``through_qdq=True`` fuses norms across the
     QuantizeLinear/DequantizeLinear pairs inside them (an int8 QDQ model's), keeping those at their boundaries; the
@@ -61,7 +63,7 @@ def fuse_model(
     report's notes (what reading the model did).
     """
     chosen = get_target(target)
-    notes = list(notes)
+    notes = list(notes) + _drop_unused_import(model)
     current = default_opset(model.graph, model)
     if chosen.opset is not None and allow_opset_upgrade and current < chosen.opset:
         notes += upgrade_default_opset(model, chosen.opset)
@@ -74,6 +76,24 @@ def fuse_model(
     rule_set.apply_to_model(model)
     _norm_ops_left(model, session)
     return finish(session, model, annotations)
+
+
+def _drop_unused_import(model: ir.Model) -> list[str]:
+    """Drops an import of our domain at another version than ours that no node uses, and says so. onnxruntime writes
+    ``ort_rmsnorm`` version 1000 into every model it saves in a process that registered the library (its domain table
+    is process-wide), whether or not the model uses the ops; kept, it would stop the pass from writing version
+    ``OP_VERSION``. An import that nodes use is kept (the target's rules then say why they cannot add ours)."""
+    holders = [model.graph, *model.functions.values()]
+    versions = {holder.opset_imports[OP_DOMAIN] for holder in holders
+                if holder.opset_imports.get(OP_DOMAIN, OP_VERSION) != OP_VERSION}
+    if not versions or any(node.domain == OP_DOMAIN for node in nodes(model)):
+        return []
+    for holder in holders:
+        if holder.opset_imports.get(OP_DOMAIN, OP_VERSION) != OP_VERSION:
+            del holder.opset_imports[OP_DOMAIN]
+    listed = ", ".join(str(version) for version in sorted(versions))
+    return [f"the model imported domain '{OP_DOMAIN}' version {listed}, which no node uses (onnxruntime writes such "
+            "an import into the models it saves in a process that registered the library): dropped"]
 
 
 def _norm_ops_left(model: ir.Model, session: FusionSession) -> None:

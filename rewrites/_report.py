@@ -49,6 +49,8 @@ class Fusion:
     ``through_qdq``, also each QuantizeLinear/DequantizeLinear pair dropped from inside the norm, e.g. ``the mean
     square is quantized to int8 by a Q/DQ pair``: those differ by quantization steps (docs/fusion.md, "Quantized
     models")."""
+    choice: Optional[str] = None
+    """``auto``: why this op, ours or onnxruntime's (the measured table's verdict for its type and row length)."""
 
 
 @dataclasses.dataclass
@@ -108,6 +110,8 @@ def _form(fusion: Fusion) -> str:
     op_type = fusion.op_type + (f" (from {fusion.converted_from})" if fusion.converted_from else "")
     parts = [op_type, f"axis {fusion.axis}", f"eps {fusion.eps_placement}", f"scale {fusion.scale}"]
     dtypes = fusion.input_dtype + (f"/{fusion.scale_dtype}" if fusion.scale_dtype else "")
+    if fusion.choice:
+        dtypes += f" ({fusion.choice.split(':')[0]})"
     rounded = f" (the graph rounds: {'; '.join(fusion.roundings)})" if fusion.roundings else ""
     return ", ".join([*parts, dtypes]) + rounded
 

@@ -1,4 +1,4 @@
-"""The residual Add before a norm: Add + the target's norm op -> the target's skip op (``Target.skip``)."""
+"""The residual Add before a norm: Add + the target's norm op -> the target's skip op (``Target.skip_for``)."""
 
 from __future__ import annotations
 
@@ -14,15 +14,16 @@ from ._session import FusionSession
 
 
 class SkipFusion(FusionRule):
-    """Add(a, b) → the target's norm op, with a and b of one shape → the target's skip op, whose ``sum`` output
-    replaces the Add's output for its other consumers. Also fuses an Add before a norm fused by an earlier run (so
-    the pass is idempotent). For a target with a skip op: ``custom`` (RMSNorm → SkipRMSNorm) and ``ort``
-    (SimplifiedLayerNormalization → com.microsoft.SkipSimplifiedLayerNormalization)."""
+    """Add(a, b) → one of the target's norm ops (``norm_op``), with a and b of one shape → the target's skip op for it,
+    whose ``sum`` output replaces the Add's output for its other consumers. Also fuses an Add before a norm fused by
+    an earlier run (so the pass is idempotent). For a target with a skip op: ``custom`` (RMSNorm → SkipRMSNorm),
+    ``ort`` (SimplifiedLayerNormalization → com.microsoft.SkipSimplifiedLayerNormalization), ``auto`` (either norm op
+    → the skip op its table prefers, ours where onnxruntime's cannot express the norm)."""
 
-    def __init__(self, session: FusionSession) -> None:
+    def __init__(self, session: FusionSession, norm_op: str) -> None:
         super().__init__(f"SkipAdd[{session.target.name}]", session, remove_nodes=True)
         self._target = session.target
-        self._skip = session.target.skip
+        self._norm_op = norm_op
 
     def root(self, bindings):
         return bindings["normed"].producer()
@@ -33,28 +34,41 @@ class SkipFusion(FusionRule):
         # float32 holds the sum of two float16 or bfloat16 values well enough that rounding it once more is exact.
         widened = op.Add(op.Cast(a, _outputs=["a_wide"]), op.Cast(b, _outputs=["b_wide"]), _outputs=["wide_sum"])
         total = pattern.OrValue([op.Add(a, b, _outputs=["total"]), op.Cast(widened, _outputs=["total"])])
-        domain, op_type = unqualified(self._target.norm_op)
+        domain, op_type = unqualified(self._norm_op)
         normed = getattr(op, op_type)(total, scale, _domain=domain, _outputs=["normed"])
         return normed, total
 
     def check(self, context, a, b, total, normed, scale=None, wide_sum=None, a_wide=None, b_wide=None, **_):
         norm = normed.producer()
+        facts = self._session.facts
+        if self._session.emitted(total):
+            # The sum's Add of a residual op this run wrote back as an Add and its norm op, where the target's
+            # residual op would not compute the same thing: it stays.
+            return pattern.MatchResult().fail("the pass wrote this Add for a residual op")
         try:
             if wide_sum is not None:
                 self._check_widened_sum(a, b, a_wide, b_wide, wide_sum, total)
             self._check_residual(a, b, total, norm)
-            gamma = self._skip.gamma(norm, scale, self._session.facts.shape(a), context, self._session.facts)
+            shape = facts.shape(a)
+            candidates = self._target.skip_for(norm, shape, facts)
+            for index, (skip_op, choice) in enumerate(candidates):
+                try:
+                    gamma = skip_op.gamma(norm, scale, shape, context, facts)
+                    break
+                except NotFusable:
+                    if index == len(candidates) - 1:
+                        raise
         except NotFusable as error:
             return self._decline(context, error, anchor=total.producer(), met=norm)
-        return self._accept({"normed": normed}, (gamma, context))
+        return self._accept({"normed": normed}, (skip_op, gamma, choice, context))
 
     def rewrite(self, op, a, b, total, normed, **_):
-        gamma, context = self._decision({"normed": normed})
+        skip_op, gamma, choice, context = self._decision({"normed": normed})
         norm = normed.producer()
-        name = f"{node_path(norm)}{self._skip.op_type}"
-        outputs, roundings = self._skip.emit(op, a, b, gamma, norm, name, self._session.facts)
+        name = f"{node_path(norm)}{skip_op.op_type}"
+        outputs, roundings = skip_op.emit(op, a, b, gamma, norm, name, self._session.facts)
         replaced = [normed, *[None] * (len(outputs) - 2), total]  # Y first, the sum last, optional ones between
-        self._session.fused_residual(norm, outputs[0].producer(), context, self.name, replaced, roundings)
+        self._session.fused_residual(norm, outputs[0].producer(), context, self.name, replaced, roundings, choice)
         return outputs[0], outputs[-1]
 
     def _check_widened_sum(self, a, b, a_wide, b_wide, wide_sum, total) -> None:

@@ -44,6 +44,11 @@ class FusionRule(pattern.RewriteRuleClassBase):
         self._session.near_miss(context, self.name, error, anchor=anchor, met=met)
         return pattern.MatchResult().fail(error.reason, list(error.sources))
 
+    def _keep(self, op: str) -> pattern.MatchResult:
+        """The op in the model is the one the target would write (``auto``): it stays as it is."""
+        self._session.kept(op)
+        return pattern.MatchResult().fail(f"{op} is already the op the target writes here")
+
     def cleanup(self) -> None:
         self._decided.clear()
 
@@ -61,12 +66,14 @@ class NormRule(FusionRule):
             spec = session.target.adapt(analyze(), context.graph_or_function, context.model, session.facts)
         except NotFusable as error:
             return self._decline(context, error, anchor)
+        if spec.op is not None and spec.op == self.converted_from:
+            return self._keep(spec.op)
         return self._accept(bindings, (spec, context))
 
     def rewrite(self, op, **bindings):
         spec, context = self._decision(bindings)
         target = self._session.target
-        name = fused_node_name(list(context.nodes), context.root, target.norm_op)
+        name = fused_node_name(list(context.nodes), context.root, spec.op or target.norm_op)
         output = target.emit(op, spec, name)
         self._session.fused_norm(spec, output.producer(), context, self.name, self.converted_from)
         return output

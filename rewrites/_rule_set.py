@@ -3,8 +3,10 @@
 1. the RMSNorm rules, one phase per form, the largest form first (``_patterns.FORMS``): onnxscript's rewriter visits
    nodes in graph order and would otherwise meet a norm's inner node, and fuse it alone, before the scale Mul that
    follows it;
+   (for a target that fuses them: ``Target.fuses_subgraphs``);
 2. the conversions of the norm ops already in the model that the target converts (``Target.converts``);
-3. the residual rule, where the target has a skip op: it reads the norm ops the phases before made.
+3. the residual rule for each norm op a target fuses an Add into (``Target.residual_norm_ops``): it reads the norm
+   ops the phases before made.
 
 Each rule is built by onnxscript's own constructor (``RewriteRuleClassBase.rule``), which keeps its setup and
 clean-up hooks.
@@ -17,9 +19,9 @@ from collections.abc import Callable, Sequence
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from ort_rmsnorm.contract import NORM_OPS, ORT_SKIP_NORM
+from ort_rmsnorm.contract import NORM_OPS, SKIP_NORM_OPS
 
-from ._conversions import NormOpConversion, SkipNormOpConversion
+from ._conversions import NormOpConversion, SkipOpConversion
 from ._norm_rules import RMSNormFusion
 from ._patterns import FORMS
 from ._residual import SkipFusion
@@ -63,11 +65,15 @@ def build_phases(session: FusionSession) -> list[list[pattern.RewriteRule]]:
     phases = [
         [RMSNormFusion.rule(form, session) for form, phase in FORMS.items() if phase == number]
         for number in sorted(set(FORMS.values()))
+        if target.fuses_subgraphs
     ]
     conversions = [NormOpConversion.rule(source, session) for source in NORM_OPS if source in target.converts]
-    if ORT_SKIP_NORM in target.converts:
-        conversions += [SkipNormOpConversion.rule(session, with_sum=with_sum) for with_sum in (True, False)]
+    conversions += [
+        SkipOpConversion.rule(source, session, with_sum=with_sum)
+        for source in SKIP_NORM_OPS
+        if source in target.converts
+        for with_sum in (True, False)
+    ]
     phases.append(conversions)
-    if target.skip is not None:
-        phases.append([SkipFusion.rule(session)])
+    phases.append([SkipFusion.rule(session, norm_op) for norm_op in target.residual_norm_ops])
     return phases

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 import onnx_ir as ir
 
-from ort_rmsnorm.contract import AXIS, DEFAULT_EPSILON, EPS_INSIDE, EPS_OUTSIDE, EPS_OUTSIDE_SQRT, EPSILON, qualified
+from ort_rmsnorm.contract import AXIS, DEFAULT_EPSILON, EPS_INSIDE, EPS_OUTSIDE, EPS_OUTSIDE_SQRT, EPSILON
 from ort_rmsnorm.model_graphs import Scope
 
 from ._facts import Facts, NotFusable, dtype_name, float_attribute, int_attribute, label
@@ -17,16 +17,24 @@ from ._report import Fusion, FusionReport, Skipped
 from ._targets import NormSpec, Target
 
 
+ValueFacts = tuple[str | None, ir.DataType | None, ir.Shape | None]
+"""The name, type and shape of a value an emitted value takes the place of ((None, None, None): a new optional
+output)."""
+
+
 @dataclasses.dataclass
 class FusedNode:
-    """A node the pass emitted, with what it takes the place of."""
+    """What the pass emitted for one norm: its node (the norm op) and, where a target writes a norm as several
+    nodes (Casts, the residual Add, the decomposed ops), the others (found by ``_cleanup``), with what the emitted
+    values take the place of."""
 
     node: ir.Node
     record: Fusion
     matched: list[ir.Node]
     """Nodes of the original model the rule(s) matched (removed now or by the clean-up)."""
-    output_facts: list[tuple[str | None, ir.DataType | None, ir.Shape | None]]
-    """Per output of ``node``: the name, type and shape of the value it replaced (None: a new optional output)."""
+    outputs: list[tuple[ir.Value, ValueFacts]]
+    """Each emitted value that stands for a value of the model (or, from ``node``, a new optional output), with
+    that value's facts; ``node``'s outputs come first, in their order."""
     root: ir.Node
     """The matched node the rewriter met the candidate at (its last node): orders the report."""
     removed: list[ir.Node] = dataclasses.field(default_factory=list)
@@ -79,7 +87,10 @@ class FusionSession:
         """The phase of rules running (``_rule_set``): a near miss of a later phase is that of a smaller form."""
         self.fused: list[FusedNode] = []
         self._fused_by_node: dict[ir.Node, FusedNode] = {}  # by the node each fusion emitted last (``.node``)
+        self._emitted: set[ir.Value] = set()  # the values of every fusion's ``outputs``
         self._near_misses: dict[tuple, NearMiss] = {}
+        self._anchors: set[ir.Node] = set()  # the anchors of every near miss, left_alone's too
+        self._kept: dict[str, int] = {}
         self._missed: set[ir.Node] = set()
         """The anchors of the near misses recorded (:meth:`has_near_miss`)."""
         self.notes: list[str] = list(notes)
@@ -101,6 +112,7 @@ class FusionSession:
         entry = self._near_misses.get(key)
         if entry is None:
             entry = self._near_misses[key] = NearMiss(self.location(context.graph_or_function), error.reason, [])
+            self._anchors.add(anchor)
         entry.seen.append((self.phase, rule, list(context.nodes), met if met is not None else context.root))
         self._missed.add(anchor)
 
@@ -117,13 +129,17 @@ class FusionSession:
         converted_from: str | None = None,
         replaced: list[ir.Value | None] | None = None,
         skip: bool = False,
+        emitted: list[ir.Value] | None = None,
+        op_type: str | None = None,
     ) -> None:
         """``node`` (the target's norm op, or with ``skip`` its skip op, converted from another runtime's) replaced
-        the match. ``replaced[i]``: the value output i of ``node`` takes the place of (None: a new optional output;
-        by default the match's one output)."""
+        the match. ``replaced[i]``: the value ``emitted[i]`` takes the place of (None: a new optional output; by
+        default the match's one output), ``emitted`` by default ``node``'s outputs. ``op_type``: what the report
+        calls the emitted op (default ``node``'s)."""
         replaced = replaced if replaced is not None else [context.output_values[0]]
+        emitted = emitted if emitted is not None else list(node.outputs[: len(replaced)])
         record = Fusion(
-            op_type=qualified(node.domain, node.op_type),
+            op_type=op_type or self.target.label(node),
             target=self.target.name,
             node=node.name,
             replaced_nodes=[],
@@ -138,18 +154,27 @@ class FusionSession:
             rule=rule,
             converted_from=converted_from,
             roundings=list(spec.roundings),
+            choice=spec.choice,
         )
-        facts = [self._facts(value) if value is not None else (None, None, None) for value in replaced]
-        self._add(FusedNode(node, record, list(context.nodes), facts, context.root, [], _read(context.nodes)))
-        self._learn(node, replaced)
+        outputs = [(new, self._facts(old) if old is not None else (None, None, None)) for new, old in zip(emitted, replaced)]
+        self._add(FusedNode(node, record, list(context.nodes), outputs, context.root, [], _read(context.nodes)))
+        self._learn(emitted, replaced)
+
+    def emitted(self, value: ir.Value) -> bool:
+        """Whether ``value`` is one the pass emitted in place of a value of the model."""
+        return value in self._emitted
+
+    def kept(self, op: str) -> None:
+        """A norm op of the model that the target would write as it is (``auto``): it stays, counted in the notes."""
+        self._kept[op] = self._kept.get(op, 0) + 1
 
     def left_alone(self, graph_like: ir.Graph | ir.Function, node: ir.Node, rule: str, reason: str) -> None:
         """A norm op that stays in the model as it is, and why (unless a rule already said why not)."""
-        if node not in self._missed:
+        if node not in self._anchors:
             self._near_misses[(node, reason)] = NearMiss(
                 self.location(graph_like), reason, [(self.phase, rule, [node], node)]
             )
-            self._missed.add(node)
+            self._anchors.add(node)
 
     def fused_residual(
         self,
@@ -159,6 +184,7 @@ class FusionSession:
         rule: str,
         replaced: list[ir.Value | None],
         roundings: tuple[str, ...] = (),
+        choice: str | None = None,
     ) -> None:
         """The residual Add before ``norm`` was fused into ``node``: extends the norm's record (or makes one for a norm
         that was in the model already). ``replaced[i]``: the value output i of ``node`` takes the place of (None for an
@@ -168,17 +194,24 @@ class FusionSession:
         if earlier is None:
             location = self.location(context.graph_or_function)
             record = _record_of_existing_norm(norm, self.target.name, location, self.facts)
-            earlier = FusedNode(norm, record, [norm], [self._facts(norm.outputs[0])], norm)
+            earlier = FusedNode(norm, record, [norm], [(norm.outputs[0], self._facts(norm.outputs[0]))], norm)
             self._add(earlier)
-        earlier.output_facts = [earlier.output_facts[0]] + [
-            self._facts(value) if value is not None else (None, None, None) for value in replaced[1:]
-        ]
+        norm_facts = next(facts for value, facts in earlier.outputs if value is norm.outputs[0])
+        self._emitted.difference_update(value for value, _ in earlier.outputs)
+        earlier.outputs = [(node.outputs[0], norm_facts)] + [
+            (new, self._facts(old) if old is not None else (None, None, None))
+            for new, old in zip(node.outputs[1:], replaced[1:])
+        ] + [(value, facts) for value, facts in earlier.outputs
+             if value.producer() is not norm and not any(value is old for old in replaced)]
+        self._emitted.update(value for value, _ in earlier.outputs)
         del self._fused_by_node[earlier.node]
         earlier.node = node
         self._fused_by_node[node] = earlier
-        self._learn(node, replaced)
-        earlier.record.op_type = qualified(node.domain, node.op_type)
+        self._learn(list(node.outputs), replaced)
+        earlier.record.op_type = self.target.label(node)
         earlier.record.skip = True
+        if choice is not None:
+            earlier.record.choice = choice
         earlier.record.rule += f" + {rule}"
         earlier.record.roundings += [rounding for rounding in roundings if rounding not in earlier.record.roundings]
         earlier.matched += [
@@ -189,15 +222,15 @@ class FusionSession:
     def _add(self, fused: FusedNode) -> None:
         self.fused.append(fused)
         self._fused_by_node[fused.node] = fused
+        self._emitted.update(value for value, _ in fused.outputs)
 
-    def _learn(self, node: ir.Node, replaced: list[ir.Value | None]) -> None:
-        """The emitted node's outputs have the types and shapes of the values they replace (later rules read them)."""
-        fused = self._fused_by_node[node]
-        self.facts.types.learn(
-            {value: (dtype, shape) for value, (_, dtype, shape) in zip(node.outputs, fused.output_facts) if dtype}
-        )
-        for new, old in zip(node.outputs, replaced):
+    def _learn(self, emitted: list[ir.Value], replaced: list[ir.Value | None]) -> None:
+        """Emitted values have the types and shapes of the values they replace (later rules read them)."""
+        for new, old in zip(emitted, replaced):
             if old is not None:
+                dtype, shape = self.facts.dtype(old), self.facts.shape(old)
+                if dtype:
+                    self.facts.types.learn({new: (dtype, shape)})
                 self.facts.types.stands_for(new, old)
 
     def _facts(self, value: ir.Value) -> tuple[str | None, ir.DataType | None, ir.Shape | None]:
@@ -209,7 +242,8 @@ class FusionSession:
         """The fusions in their order here (``_cleanup.finish`` puts them in the order the rewriter meets their last
         nodes), near misses in the order the rewriter met them (a graph's subgraphs at their node, functions after the
         main graph)."""
-        report = FusionReport(target=self.target.name, notes=list(self.notes))
+        kept = [f"{count} x {op} kept: already the faster op here" for op, count in self._kept.items()]
+        report = FusionReport(target=self.target.name, notes=list(self.notes) + kept)
         report.fusions = [fused.record for fused in self.fused]
         removed_by = {node: fused for fused in self.fused for node in (*fused.removed, *fused.matched)}
         entries = []

@@ -8,6 +8,11 @@ residual op; onnxruntime has no bfloat16 CPU kernel for it, so bfloat16 is skipp
 ``ort``: onnxruntime's ``SimplifiedLayerNormalization`` (registered in the default domain) and
 ``com.microsoft.SkipSimplifiedLayerNormalization``: epsilon inside the sqrt, scale of X's type; the residual op only
 normalizes the last axis of a rank-2 or rank-3 input and needs a 1-D gamma of the hidden size.
+``auto`` (``_auto``) and ``decomposed`` (``_decomposed``) build on these.
+
+A residual norm op already in the model (ours or onnxruntime's) is written again by each target from a
+:class:`SkipSpec`: as its own residual op where that computes the same thing, else as the sum's Adds (in float32
+where the contract's sum is) and its norm op.
 
 Everything that differs between targets is here: the rules ask their target, never its name.
 """
@@ -28,6 +33,7 @@ from ort_rmsnorm.contract import (
     EPSILON,
     MS_DOMAIN,
     NORM_OPS,
+    NORMALIZE_FLOAT32_SUM,
     ONNX,
     ONNX_RMSNORM,
     ONNX_RMSNORM_OPSET,
@@ -40,8 +46,10 @@ from ort_rmsnorm.contract import (
     OURS_RMSNORM,
     OURS_SKIP_RMSNORM,
     RMSNORM,
+    SKIP_NORM_OPS,
     SKIP_RMSNORM,
     STASH_TYPE,
+    qualified,
     unqualified,
 )
 
@@ -87,6 +95,49 @@ class NormSpec:
     scale: Scale | None
     roundings: tuple[str, ...] = ()
     """Where the unfused subgraph rounds to a 16-bit type and the fused op does not (see Fusion.roundings)."""
+    op: str | None = None
+    """The op to emit, where a target chooses per norm (``auto``); None: the target's norm op."""
+    choice: str | None = None
+    """Why that op (``auto``), for the report."""
+    opset: int | None = None
+    """The default opset where the norm is emitted (for a target that writes plain ONNX ops)."""
+
+
+@dataclasses.dataclass
+class SkipSpec:
+    """A residual norm op already in the model, ours or onnxruntime's: ``Y = norm(s)`` and ``sum = round_T(s)`` with
+    ``s = (x + skip) + bias`` computed in float32 (docs/ops.md). ``norm`` is the norm of the sum as the target emits
+    it (its ``x`` the op's X until then; of float32 where Y normalizes the unrounded float32 sum of 16-bit inputs)."""
+
+    x: ir.Value
+    skip: ir.Value
+    bias: ir.Value | None
+    dtype: ir.DataType
+    """X's type (the sum's)."""
+    float32_sum: bool
+    """Y normalizes the float32 sum before it is rounded to the type (onnxruntime's op for 16-bit types, ours with
+    ``normalize_float32_sum=1``); for float32 the two are the same."""
+    norm: NormSpec
+    what: str
+    """The op and its node, for reasons."""
+    gamma: ir.Value | np.ndarray | None = None
+    """onnxruntime's residual op only: its gamma (a value, or the elements of a new constant)."""
+    bias_input: ir.Value | np.ndarray | None = None
+    """onnxruntime's residual op only: its bias."""
+
+    @property
+    def wide(self) -> bool:
+        """Whether the norm reads the float32 sum of a 16-bit input."""
+        return self.float32_sum and self.dtype in SIXTEEN_BIT
+
+
+@dataclasses.dataclass
+class Emitted:
+    """What a target wrote for a residual norm op: Y, the sum, and the node the report names."""
+
+    y: ir.Value
+    total: ir.Value
+    node: ir.Node
 
 
 def scale_input(op, scale: Scale | None, node_name: str) -> ir.Value | None:
@@ -124,6 +175,24 @@ def default_opset(graph_like: ir.Graph | ir.Function, model: ir.Model) -> int:
     return version if version is not None else _imported_version("ai.onnx", graph_like, model) or 0
 
 
+def emit_sum(op, spec: SkipSpec) -> tuple[ir.Value, ir.Value]:
+    """(the value the norm reads, the ``sum`` output) as Adds: ``(x + skip) + bias``, each addition rounded to
+    float32, then rounded to the type. For a 16-bit type the Adds are float32 ones between explicit Casts: onnxruntime
+    has no 16-bit Add on the CPU, and the float32 one it puts in for a float16 Add loses that Add's rounding when a
+    Cast to float32 follows (it removes the Cast pair it made)."""
+    if spec.dtype == ir.DataType.FLOAT:
+        total = op.Add(spec.x, spec.skip)
+        if spec.bias is not None:
+            total = op.Add(total, spec.bias)
+        return total, total
+    to_float = int(ir.DataType.FLOAT)
+    wide = op.Add(op.Cast(spec.x, to=to_float), op.Cast(spec.skip, to=to_float))
+    if spec.bias is not None:
+        wide = op.Add(wide, op.Cast(spec.bias, to=to_float))
+    total = op.Cast(wide, to=int(spec.dtype))
+    return (wide if spec.float32_sum else total), total
+
+
 # ---- the residual norm ops ---------------------------------------------------------------------------------------
 
 
@@ -157,7 +226,12 @@ class _SkipRMSNorm(SkipOp):
 
     def emit(self, op, a, b, gamma, norm, name, facts):
         inputs = [a, b] + ([gamma] if gamma is not None else [])
-        attributes = {attr_name: attr.value for attr_name, attr in norm.attributes.items()}  # the norm's own
+        # The norm's own attributes; of onnxruntime's norm op (``auto``), those ours has too (not stash_type).
+        attributes = {
+            attr_name: attr.value
+            for attr_name, attr in norm.attributes.items()
+            if attr_name in (AXIS, EPSILON, EPS_OUTSIDE_SQRT)
+        }
         outputs = getattr(op, SKIP_RMSNORM)(
             *inputs, _domain=OP_DOMAIN, _version=OP_VERSION, _outputs=2, _name=name, **attributes
         )
@@ -179,6 +253,8 @@ class _SkipSimplifiedLayerNormalization(SkipOp):
                 norm,
             )
         require_stash_float32(norm, label(norm))
+        if int_attribute(norm, EPS_OUTSIDE_SQRT, 0):
+            raise NotFusable(f"{label(norm)} adds epsilon outside the sqrt: {self.op_type} adds it inside", norm)
         if scale is None or facts.dtype(scale) != facts.dtype(norm.inputs[0]):
             raise NotFusable(f"{self.op_type} needs gamma of the input's type", norm)
         hidden = shape.dims[-1]
@@ -222,10 +298,22 @@ class Target:
     """The norm ops a model may hold that the pass converts to this target's (:data:`NORM_OPS` and the skip ops)."""
     opset: int | None = None
     """The default opset its ops need, when they need one (``allow_opset_upgrade`` converts a model to it)."""
+    fuses_subgraphs = True
+    """Whether the decomposed-norm rules run (a target that writes plain ONNX ops only converts norm ops)."""
 
     @property
     def emits(self) -> tuple[str, ...]:
         return (self.norm_op,) + ((self.skip.op,) if self.skip is not None else ())
+
+    @property
+    def residual_norm_ops(self) -> tuple[str, ...]:
+        """The norm ops an Add before which the residual rule fuses (into :meth:`skip_for`'s op)."""
+        return (self.norm_op,) if self.skip is not None else ()
+
+    def skip_for(self, norm: ir.Node, shape: ir.Shape | None, facts: Facts) -> list[tuple[SkipOp, str | None]]:
+        """The residual ops that may take in ``norm`` and the Add before it, the preferred first, each with why
+        (where a target chooses per norm)."""
+        return [(self.skip, None)]
 
     def adapt(self, spec: NormSpec, graph_like: ir.Graph | ir.Function, model: ir.Model, facts: Facts) -> NormSpec:
         """The spec this target can emit exactly; NotFusable when it cannot express the norm."""
@@ -233,6 +321,30 @@ class Target:
 
     def emit(self, op, spec: NormSpec, name: str) -> ir.Value:
         raise NotImplementedError
+
+    def label(self, node: ir.Node) -> str:
+        """What the report calls the op this target emitted as ``node``."""
+        return qualified(node.domain, node.op_type)
+
+    def name_for(self, node: ir.Node) -> str:
+        """The last part of the name of the node this target emitted as ``node``."""
+        return node.op_type
+
+    def adapt_skip(self, spec: SkipSpec, graph_like: ir.Graph | ir.Function, model: ir.Model, facts: Facts) -> SkipSpec:
+        """The residual norm op as this target can write it exactly: by default the sum's Adds and the target's norm
+        op (of the float32 sum where Y normalizes it, Y then rounded to the type once); NotFusable when it cannot."""
+        norm = spec.norm
+        if spec.wide:
+            norm = dataclasses.replace(norm, x_dtype=ir.DataType.FLOAT)
+        return dataclasses.replace(spec, norm=self.adapt(norm, graph_like, model, facts))
+
+    def emit_skip(self, op, spec: SkipSpec, name: str) -> Emitted:
+        normed, total = emit_sum(op, spec)
+        y = self.emit(op, dataclasses.replace(spec.norm, x=normed), name)
+        node = y.producer()
+        if spec.wide:
+            y = op.Cast(y, to=int(spec.dtype))
+        return Emitted(y, total, node)
 
 
 class CustomTarget(Target):
@@ -254,6 +366,32 @@ class CustomTarget(Target):
         inputs = [spec.x] + ([scale_input(op, spec.scale, name)] if spec.scale is not None else [])
         attributes = {AXIS: spec.axis, EPSILON: spec.epsilon, EPS_OUTSIDE_SQRT: int(spec.eps_placement == EPS_OUTSIDE)}
         return getattr(op, RMSNORM)(*inputs, _domain=OP_DOMAIN, _version=OP_VERSION, _name=name, **attributes)
+
+    def adapt_skip(self, spec, graph_like, model, facts):
+        """``SkipRMSNorm`` takes any of them: the float32 sum's norm with ``normalize_float32_sum=1``."""
+        if spec.norm.scale is None and spec.bias is not None:
+            raise NotFusable(
+                f"{spec.what}: a bias with a gamma of ones would make a SkipRMSNorm without a scale but with a bias, "
+                "which onnxruntime 1.20 to 1.23 cannot load"
+            )
+        return dataclasses.replace(spec, norm=self.adapt(spec.norm, graph_like, model, facts))
+
+    def emit_skip(self, op, spec, name):
+        norm = spec.norm
+        inputs = [spec.x, spec.skip, scale_input(op, norm.scale, name), spec.bias]
+        while inputs[-1] is None:
+            inputs.pop()
+        attributes = {EPSILON: norm.epsilon}  # the defaults left out
+        if norm.axis != -1:
+            attributes[AXIS] = norm.axis
+        if norm.eps_placement == EPS_OUTSIDE:
+            attributes[EPS_OUTSIDE_SQRT] = 1
+        if spec.wide:
+            attributes[NORMALIZE_FLOAT32_SUM] = 1
+        outputs = getattr(op, SKIP_RMSNORM)(
+            *inputs, _domain=OP_DOMAIN, _version=OP_VERSION, _outputs=2, _name=name, **attributes
+        )
+        return Emitted(outputs[0], outputs[1], outputs[0].producer())
 
 
 class _StandardLikeTarget(Target):
@@ -320,7 +458,8 @@ class _StandardLikeTarget(Target):
 class OnnxTarget(_StandardLikeTarget):
     name = ONNX
     norm_op = ONNX_RMSNORM
-    converts = tuple(op for op in NORM_OPS if op != ONNX_RMSNORM)
+    # Our residual op as Adds + the norm, so the model needs no library; onnxruntime's stays (onnxruntime runs it).
+    converts = (*(op for op in NORM_OPS if op != ONNX_RMSNORM), OURS_SKIP_RMSNORM)
     opset = ONNX_RMSNORM_OPSET
 
     def adapt(self, spec, graph_like, model, facts):
@@ -339,15 +478,60 @@ class OrtTarget(_StandardLikeTarget):
     name = ORT
     norm_op = ORT_SIMPLIFIED_LAYER_NORM
     skip = _SkipSimplifiedLayerNormalization()
-    converts = tuple(op for op in NORM_OPS if op != ORT_SIMPLIFIED_LAYER_NORM)
+    converts = (*(op for op in NORM_OPS if op != ORT_SIMPLIFIED_LAYER_NORM), OURS_SKIP_RMSNORM)
+
+    def adapt_skip(self, spec, graph_like, model, facts):
+        """As ``com.microsoft.SkipSimplifiedLayerNormalization`` where it computes the same thing, else as the Adds
+        and ``SimplifiedLayerNormalization``."""
+        try:
+            return self._as_skip_op(spec, graph_like, model, facts)
+        except NotFusable:
+            return super().adapt_skip(spec, graph_like, model, facts)
+
+    def _as_skip_op(self, spec: SkipSpec, graph_like, model, facts: Facts) -> SkipSpec:
+        """onnxruntime's op normalizes the float32 sum, over the last axis of a rank-2 or rank-3 input, with epsilon
+        inside the sqrt and a 1-D gamma and bias of the hidden size and the input's type."""
+        norm, op_type = spec.norm, self.skip.op_type
+        shape = norm.x_shape
+        if spec.dtype in SIXTEEN_BIT and not spec.float32_sum:
+            raise NotFusable(f"{op_type} normalizes the float32 sum; {spec.what} normalizes the sum rounded to the type")
+        if norm.eps_placement == EPS_OUTSIDE or shape is None or shape.rank() not in (2, 3) or norm.axis != -1:
+            raise NotFusable(f"{op_type} normalizes the last axis of a rank-2 or rank-3 input, epsilon inside the sqrt")
+        adapted = self.adapt(norm, graph_like, model, facts)  # the scale in X's type, one element per column
+        hidden = static_dims(shape.dims[-1:])
+        gamma = _one_dimensional(adapted.scale, hidden, facts, op_type, "gamma")
+        bias = None
+        if spec.bias is not None:
+            bias_scale = Scale(spec.bias, None, "tensor", facts.dtype(spec.bias))
+            bias = _one_dimensional(bias_scale, hidden, facts, op_type, "bias")
+        return dataclasses.replace(spec, norm=adapted, gamma=gamma, bias_input=bias)
+
+    def emit_skip(self, op, spec, name):
+        if spec.gamma is None:
+            return super().emit_skip(op, spec, name)
+        gamma, bias = (
+            op.Constant(value=ir.tensor(array, name=f"{name}/{what}"), _outputs=[f"{name}/{what}"])
+            if isinstance(array, np.ndarray) else array
+            for what, array in (("gamma", spec.gamma), ("bias", spec.bias_input))
+        )
+        inputs = [spec.x, spec.skip, gamma] + ([bias] if bias is not None else [])
+        outputs = getattr(op, ORT_SKIP_SIMPLIFIED_LAYER_NORM)(
+            *inputs, _domain=MS_DOMAIN, _outputs=4, _name=name, **{EPSILON: spec.norm.epsilon}
+        )
+        return Emitted(outputs[0], outputs[3], outputs[0].producer())
 
 
-TARGETS: dict[str, Target] = {target.name: target for target in (CustomTarget(), OnnxTarget(), OrtTarget())}
-"""The targets by name, in :data:`ort_rmsnorm.contract.TARGETS`' order (tests/package/test_layers.py checks it)."""
+def _one_dimensional(scale: Scale | None, hidden: tuple[int, ...] | None, facts: Facts, op_type: str,
+                     what: str) -> ir.Value | np.ndarray:
+    """A per-column input as onnxruntime's residual op takes it: a value of shape [H], else the elements of a
+    constant as a new 1-D constant."""
+    if scale is not None and scale.value is not None:
+        shape = facts.shape(scale.value)
+        if hidden is not None and shape is not None and same_shape(shape, ir.Shape(list(hidden))):
+            return scale.value
+    array = None if scale is None else scale.constant if scale.value is None else constant_array(scale.value, facts)
+    if hidden is None or array is None:
+        raise NotFusable(f"{op_type} needs a 1-D {what} of the hidden size")
+    return np.broadcast_to(array, array.shape[:-1] + hidden).reshape(hidden).copy()
 
 
-def get_target(name: str) -> Target:
-    try:
-        return TARGETS[name]
-    except KeyError:
-        raise ValueError(f"unknown fusion target {name!r}: choose one of {', '.join(TARGETS)}") from None

@@ -67,8 +67,16 @@ def test_demo_without_torch(cli, tmp_path):
     shares = _shares(result.stdout)
     assert set(shares) == {"decode", "prefill"}
     assert all(0 < original <= 100 and 0 < fused <= 100 for original, fused in shares.values())
-    names = ["llama.onnx", *(["llama.fused.onnx"] if missing else ["llama.int4.onnx", "llama.int4.fused.onnx"])]
+    stem = "llama" if missing else "llama.int4"
+    names = ["llama.onnx", *([] if missing else ["llama.int4.onnx"]),
+             *(f"{stem}.{kind}.onnx" for kind in ("fused", "ort", "auto"))]
     assert sorted(path.name for path in tmp_path.iterdir()) == sorted(names)
+    # The alternatives a user has, fused, verified and timed next to the default target.
+    assert "target ort: 1 x SimplifiedLayerNormalization, 4 x com.microsoft.SkipSimplifiedLayerNormalization; " \
+           "verify: ok" in result.stdout, result.stdout
+    assert re.search(r"target auto: .*; verify: ok", result.stdout), result.stdout
+    for target in ("ort", "auto"):
+        assert re.search(rf"original / {target}: [\d.]+\n", result.stdout), result.stdout
     # The oldest IR version its opset allows, not onnx's newest: onnxruntime 1.20 reads IR 10 at most.
     for name in names:
         model = onnx.load(tmp_path / name, load_external_data=False)
@@ -83,7 +91,8 @@ def test_demo_of_the_float_model(cli, tmp_path):
     assert result.returncode == 0, result
     assert "MatMulNBits" not in result.stdout
     assert "RMSNorm fusion (target custom): 5 fused, 0 skipped" in result.stdout
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["llama.fused.onnx", "llama.onnx"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["llama.auto.onnx", "llama.fused.onnx", "llama.onnx",
+                                                               "llama.ort.onnx"]
 
 
 def test_demo_without_the_quantizer_says_what_to_install(monkeypatch, tmp_path):
@@ -101,7 +110,8 @@ def test_demo_without_the_quantizer_says_what_to_install(monkeypatch, tmp_path):
     text = "\n".join(lines)
     assert "int4: onnxruntime's int4 quantizer cannot be imported: No module named 'sympy' (pip install sympy)\n" \
            "  going on with the float32 model" in text
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["llama.fused.onnx", "llama.onnx"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["llama.auto.onnx", "llama.fused.onnx", "llama.onnx",
+                                                               "llama.ort.onnx"]
 
 
 def test_demo_usage_errors(cli, tmp_path):

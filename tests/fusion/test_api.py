@@ -21,6 +21,7 @@ from fusion.norm_graphs import (
     Spelling,
     assert_close_after_layers,
     assert_close_to_unfused,
+    assert_matches_float64,
     fused_nodes,
     norm_model,
     run_fused,
@@ -136,6 +137,7 @@ def test_report_json_and_summary():
         "rule",
         "converted_from",
         "roundings",
+        "choice",
     }
     assert (fusion["op_type"], fusion["location"], fusion["scale"], fusion["skip"], fusion["converted_from"]) == (
         "ort_rmsnorm.RMSNorm",
@@ -163,9 +165,24 @@ def test_bad_arguments():
 def test_other_version_of_our_domain_is_not_mixed():
     case = norm_model(Spelling())
     case.model.opset_import.append(helper.make_opsetid("ort_rmsnorm", 2))
+    case.model.graph.node.append(helper.make_node("Future", ["x"], ["future"], name="future", domain="ort_rmsnorm"))
+    case.model.graph.output.append(helper.make_tensor_value_info("future", TensorProto.FLOAT, None))
     fused, report = ort_rmsnorm.fuse(case.model)
     assert report.fusions == [] and fused.graph.node == case.model.graph.node
     assert "imports domain 'ort_rmsnorm' version 2" in report.skipped[0].reason
+
+
+def test_an_unused_import_of_our_domain_is_dropped():
+    """onnxruntime writes ``ort_rmsnorm`` 1000 into every model it saves in a process that registered the library."""
+    case = norm_model(Spelling())
+    case.model.opset_import.append(helper.make_opsetid("ort_rmsnorm", 1000))
+    fused, report = ort_rmsnorm.fuse(case.model)
+    assert len(report.fusions) == 1 and not report.skipped, report.summary()
+    assert {(o.domain, o.version) for o in fused.opset_import if o.domain == "ort_rmsnorm"} == {("ort_rmsnorm", 1)}
+    assert report.notes == ["the model imported domain 'ort_rmsnorm' version 1000, which no node uses (onnxruntime "
+                            "writes such an import into the models it saves in a process that registered the "
+                            "library): dropped"]
+    assert_matches_float64(case, run_fused(fused, case.feeds)[0])
 
 
 def test_everything_else_is_left_as_it_was():

@@ -10,6 +10,10 @@
   onnxruntime's CPU provider cannot run unfused, are run with bfloat16 emulated in float32: see
   :func:`emulate_bfloat16`);
 - the pass is idempotent: fusing the fused model again changes nothing.
+
+``auto`` can always write our ops, so it must fuse what ``custom`` fuses; ``decomposed`` fuses nothing itself (it
+writes norm ops back as plain ONNX ops): its property is the round trip, the ``custom`` model written back matches the
+original and fusing it again changes nothing.
 """
 
 from __future__ import annotations
@@ -66,19 +70,26 @@ def upgrade_for(case: Case, target: str) -> bool:
     return target == "onnx" and case.plan.opset < 23 and not case.model.functions
 
 
+# Targets that can write our ops for every norm (auto writes onnxruntime's where its table says so).
+WRITES_OURS = ("custom", "auto")
+
+
 def fuse(model: onnx.ModelProto, target: str, upgrade: bool):
     return ort_rmsnorm.fuse(model, target, allow_opset_upgrade=upgrade)
 
 
 def check_case(case: Case, target: str) -> None:
     """Every property, for one target."""
+    if target == "decomposed":
+        check_round_trip(case)
+        return
     original = copy.deepcopy(case.model)
     if target == "onnx" and case.plan.opset < 23 and case.model.functions:
         with pytest.raises(ValueError, match="cannot convert a model with model-local functions"):
             fuse(case.model, target, upgrade=True)
     fused, report = fuse(case.model, target, upgrade_for(case, target))
     assert case.model == original, "the pass modified its input"
-    check_model(fused, ort_default_ops=target == "ort")
+    check_model(fused, ort_default_ops=target in ("ort", "auto"))
     check_report(case, target, fused, report)
     check_outputs(case, fused, len(report.fusions))
     again, second = fuse(fused, target, upgrade_for(case, target))
@@ -86,12 +97,28 @@ def check_case(case: Case, target: str) -> None:
     assert again == fused, "a second run changed the fused model"
 
 
+def check_round_trip(case: Case) -> None:
+    """The ``custom`` model written back as plain ONNX ops: every op of ours converted (or reported), the outputs
+    those of the original, and a second run changes nothing."""
+    fused, _ = fuse(case.model, "custom", False)
+    ours = [node for node in all_nodes(fused) if node.domain == "ort_rmsnorm"]
+    back, report = fuse(fused, "decomposed", False)
+    left = [node for node in all_nodes(back) if node.domain == "ort_rmsnorm"]
+    assert len(report.fusions) == len(ours) - len(left), (len(ours), len(left), report.fusions)
+    for node in left:
+        assert any(node.name in entry.nodes for entry in report.skipped), f"{node.name} neither converted nor reported"
+    check_model(back, ort_default_ops=True)
+    check_outputs(case, back, len(ours))
+    again, second = fuse(back, "decomposed", False)
+    assert second.fusions == [] and again == back, "a second run changed the decomposed model"
+
+
 # ---- the report against the ground truth -------------------------------------------------------------------------
 
 
 def has_operator(truth: NormTruth, target: str, opset: int) -> bool:
     """Whether ``target`` has an operator for the norm's input type and epsilon placement (docs/fusion.md, Targets)."""
-    if target == "custom":
+    if target in WRITES_OURS:
         return True
     if truth.placement == "outside_sqrt":
         return False
@@ -101,7 +128,7 @@ def has_operator(truth: NormTruth, target: str, opset: int) -> bool:
 def takes_scale(truth: NormTruth, target: str) -> bool:
     """Whether ``target``'s operator can read the norm's scale: ``onnx`` and ``ort`` need one scale element per
     normalized element, so a scale that broadcasts must be a constant over static dims (it is then expanded)."""
-    if target == "custom" or truth.norm.scale == "none" or not truth.scale_fused:
+    if target in WRITES_OURS or truth.norm.scale == "none" or not truth.scale_fused:
         return True
     constant = truth.norm.scale != "one_plus_runtime"
     return truth.scale_per_element or (constant and truth.static_normalized)
@@ -110,7 +137,7 @@ def takes_scale(truth: NormTruth, target: str) -> bool:
 def expressible(truth: NormTruth, target: str, opset: int) -> bool:
     """Whether ``target``'s operator expresses the whole norm: then it must fuse it. Where it does not, the norm may
     be fused in part or skipped, and must be in the report either way."""
-    if target == "custom":
+    if target in WRITES_OURS:
         return True
     if not has_operator(truth, target, opset) or not takes_scale(truth, target):
         return False
@@ -186,7 +213,7 @@ def _check_residual(residual, fusion, fusion_of: dict, report, nodes: dict, targ
         for norm in residual.next_norms
         if norm.block in fusion_of and residual.add_output in nodes[fusion_of[norm.block].node].input
     ]
-    if residual.same_shape and readers and target == "custom":
+    if residual.same_shape and readers and target in WRITES_OURS:
         raise AssertionError(f"residual Add {residual.add} before {reading} not fused")
     if reading and target != "onnx":
         reasons = [entry.reason for entry in report.skipped if residual.add in entry.nodes]
@@ -208,7 +235,7 @@ def _check_fusion(truth: NormTruth, fusion, node: onnx.NodeProto | None, target:
         assert attribute(node, "axis", -1) == truth.axis
     assert attribute(node, "epsilon", 1e-5) == np.float32(epsilon), f"{node.name}: epsilon, {truth.block}: {epsilon}"
     assert attribute(node, "eps_outside_sqrt", 0) == int(truth.placement == "outside_sqrt"), node.name
-    if target == "custom" and truth.scale_fused and not took_cast:
+    if target in WRITES_OURS and node.domain == "ort_rmsnorm" and truth.scale_fused and not took_cast:
         assert fusion.input_dtype == truth.x_dtype.name, (fusion.input_dtype, truth.x_dtype)
         assert fusion.scale == truth.scale_form, (fusion.scale, truth.scale_form)
 

@@ -1,0 +1,128 @@
+"""The ``auto`` target: each norm as ours or as onnxruntime's own op, whichever runs faster on the CPU, where
+onnxruntime's computes the same thing (the ``ort`` target's rules); ours everywhere else.
+
+A custom op pays more per call than a built-in one (a type-and-shape query through the C API for each input whose
+shape it reads, docs/benchmarks.md "The per-call cost in a graph"), and our kernels are faster: onnxruntime's op
+wins only on rows short enough that the call costs more than the row. Where that is, per op and type, is measured
+(``benchmarks/per_call.py --write-table``) and read from ``_auto_table``: onnxruntime's op up to the largest row
+length at which it was measured faster, ours above it, and ours where the row length is not static or no length
+was measured faster. A model already holding either op gets the faster one too; an op that is already the faster
+one stays as it is (the report's notes count them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import onnx_ir as ir
+
+from ort_rmsnorm.contract import (
+    AUTO,
+    AXIS,
+    NORM_OPS,
+    ORT_SIMPLIFIED_LAYER_NORM,
+    ORT_SKIP_NORM,
+    OURS_RMSNORM,
+    OURS_SKIP_RMSNORM,
+    RMSNORM,
+    SKIP_NORM_OPS,
+    SKIP_RMSNORM,
+)
+
+from ._auto_table import FASTER_UP_TO, MEASURED_ON
+from ._facts import Facts, NotFusable, dtype_name, int_attribute, static_dims
+from ._targets import CustomTarget, NormSpec, OrtTarget, SkipOp, SkipSpec, Target
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    onnxruntime: bool
+    reason: str
+
+
+def choose(kind: str, dtype: ir.DataType | None, columns: int | None) -> Verdict:
+    """Whether onnxruntime's op runs ``kind`` (``RMSNorm`` or ``SkipRMSNorm``) on rows of ``columns`` elements of
+    ``dtype`` faster than ours, by the measured table."""
+    dtype_text = dtype_name(dtype)
+    limit = FASTER_UP_TO.get(kind, {}).get(dtype_text)
+    if limit is None:
+        return Verdict(False, f"ours: faster at every {dtype_text} row length measured ({MEASURED_ON})")
+    if columns is None:
+        return Verdict(False, f"ours: the row length is not static (onnxruntime's op is faster up to {limit} "
+                              f"{dtype_text} elements, {MEASURED_ON})")
+    if columns <= limit:
+        return Verdict(True, f"onnxruntime's op: faster on rows of up to {limit} {dtype_text} elements, these have "
+                             f"{columns} ({MEASURED_ON})")
+    return Verdict(False, f"ours: faster on rows of more than {limit} {dtype_text} elements, these have {columns} "
+                          f"({MEASURED_ON})")
+
+
+def row_length(shape: ir.Shape | None, axis: int) -> int | None:
+    """The static number of elements a row normalizes (dims ``[axis, rank)``), or None."""
+    if shape is None or shape.rank() < -axis:
+        return None
+    dims = static_dims(list(shape.dims)[axis:])
+    return math.prod(dims) if dims is not None else None
+
+
+class AutoTarget(Target):
+    name = AUTO
+    norm_op = OURS_RMSNORM
+    converts = (*NORM_OPS, *SKIP_NORM_OPS)
+
+    def __init__(self) -> None:
+        self._ours, self._ort = CustomTarget(), OrtTarget()
+        self.skip = self._ours.skip
+
+    @property
+    def emits(self) -> tuple[str, ...]:
+        return (*self._ours.emits, *self._ort.emits)
+
+    @property
+    def residual_norm_ops(self) -> tuple[str, ...]:
+        return (OURS_RMSNORM, ORT_SIMPLIFIED_LAYER_NORM)
+
+    def adapt(self, spec, graph_like, model, facts):
+        verdict = choose(RMSNORM, spec.x_dtype, row_length(spec.x_shape, spec.axis))
+        reason = verdict.reason
+        if verdict.onnxruntime:
+            try:
+                adapted = self._ort.adapt(spec, graph_like, model, facts)
+                return dataclasses.replace(adapted, op=ORT_SIMPLIFIED_LAYER_NORM, choice=reason)
+            except NotFusable as error:
+                reason = f"ours: onnxruntime's op would be faster but cannot express the norm ({error.reason})"
+        adapted = self._ours.adapt(spec, graph_like, model, facts)
+        return dataclasses.replace(adapted, op=OURS_RMSNORM, choice=reason)
+
+    def emit(self, op, spec: NormSpec, name: str) -> ir.Value:
+        chosen = self._ort if spec.op == ORT_SIMPLIFIED_LAYER_NORM else self._ours
+        return chosen.emit(op, spec, name)
+
+    def skip_for(self, norm: ir.Node, shape: ir.Shape | None, facts: Facts) -> list[tuple[SkipOp, str | None]]:
+        axis = int_attribute(norm, AXIS, -1)
+        if axis is not None and axis >= 0:
+            axis = axis - shape.rank() if shape is not None else None
+        length = row_length(shape, axis) if axis is not None else None
+        verdict = choose(SKIP_RMSNORM, facts.dtype(norm.inputs[0]), length)
+        ours = (self._ours.skip, verdict.reason if not verdict.onnxruntime else
+                "ours: onnxruntime's op would be faster but cannot express the norm")
+        return [(self._ort.skip, verdict.reason), ours] if verdict.onnxruntime else [ours]
+
+    def adapt_skip(self, spec: SkipSpec, graph_like, model, facts) -> SkipSpec:
+        verdict = choose(SKIP_RMSNORM, spec.dtype, row_length(spec.norm.x_shape, spec.norm.axis))
+        reason = verdict.reason
+        if verdict.onnxruntime:
+            try:
+                written = self._ort._as_skip_op(spec, graph_like, model, facts)
+                return dataclasses.replace(written, norm=dataclasses.replace(written.norm, op=ORT_SKIP_NORM,
+                                                                             choice=reason))
+            except NotFusable as error:
+                reason = f"ours: onnxruntime's op would be faster but cannot express the norm ({error.reason})"
+        written = self._ours.adapt_skip(spec, graph_like, model, facts)
+        return dataclasses.replace(written, norm=dataclasses.replace(written.norm, op=OURS_SKIP_RMSNORM,
+                                                                     choice=reason))
+
+    def emit_skip(self, op, spec: SkipSpec, name: str):
+        chosen = self._ort if spec.norm.op == ORT_SKIP_NORM else self._ours
+        return chosen.emit_skip(op, spec, name)

@@ -1,0 +1,19 @@
+"""The targets by name."""
+
+from __future__ import annotations
+
+from ._auto import AutoTarget
+from ._decomposed import DecomposedTarget
+from ._targets import CustomTarget, OnnxTarget, OrtTarget, Target
+
+TARGETS: dict[str, Target] = {
+    target.name: target for target in (CustomTarget(), OnnxTarget(), OrtTarget(), AutoTarget(), DecomposedTarget())
+}
+"""The targets by name, in :data:`ort_rmsnorm.contract.TARGETS`' order (tests/package/test_layers.py checks it)."""
+
+
+def get_target(name: str) -> Target:
+    try:
+        return TARGETS[name]
+    except KeyError:
+        raise ValueError(f"unknown fusion target {name!r}: choose one of {', '.join(TARGETS)}") from None
