@@ -51,7 +51,8 @@ def norm_chain(nodes: int) -> onnx.ModelProto:
             helper.make_node("Mul", [p + "normalized", p + "weight"], [p + "y"], name=p + "scale"),
         ]
         x = p + "y"
-    graph = helper.make_graph(graph_nodes, "norms", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", HIDDEN])],
+    graph = helper.make_graph(graph_nodes, "norms",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", HIDDEN])],
                               [helper.make_tensor_value_info(x, TensorProto.FLOAT, ["B", HIDDEN])], initializers)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
 
@@ -110,8 +111,8 @@ def measure(model: onnx.ModelProto, folder: Path) -> dict:
     onnx.save(model, source)
     # From the model's folder: `python -c` puts the working directory first on sys.path, and a checkout's
     # ort_rmsnorm/ (without the pass and the library) would shadow the installed package.
-    completed = subprocess.run([sys.executable, "-c", _CHILD, str(source), str(destination)], capture_output=True, cwd=folder,
-                               text=True)
+    completed = subprocess.run([sys.executable, "-c", _CHILD, str(source), str(destination)], capture_output=True,
+                               cwd=folder, text=True)
     if completed.returncode != 0:
         sys.exit(f"fuse_scaling: the run failed:\n{completed.stderr}")
     return json.loads(completed.stdout.strip().splitlines()[-1])

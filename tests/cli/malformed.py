@@ -92,7 +92,8 @@ def _genai_sln_model(folder: Path) -> None:
         helper.make_node("Div", ["residual", "rms"], ["normalized"], name="ln1.div"),
         helper.make_node("Mul", ["normalized", "ln1.weight"], ["y"], name="ln1"),
     ]
-    graph = helper.make_graph(nodes, "genai", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "S", hidden])],
+    graph = helper.make_graph(nodes, "genai",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "S", hidden])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", "S", hidden])], initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
     (folder / MODEL).write_bytes(model.SerializeToString())
