@@ -118,11 +118,28 @@ def test_targets_without_library(onnx_genai_folder, tmp_path, target):
 
 
 def test_opset_conversion_failure_names_the_model(onnx_genai_folder, tmp_path):
-    """onnx's version converter knows no SimplifiedLayerNormalization: the error names the model it failed on."""
+    """onnx's version converter drops model-local functions, so a model with one is refused: the error names the
+    model of the folder it failed on, and nothing is written."""
+    path = onnx_genai_folder / "embedding.onnx"
+    model = onnx.load(path)
+    model.functions.append(onnx.helper.make_function("local", "Twice", ["a"], ["b"],
+                                                     [onnx.helper.make_node("Add", ["a", "a"], ["b"])],
+                                                     [onnx.helper.make_opsetid("", 17)]))
+    model.opset_import.append(onnx.helper.make_opsetid("local", 1))
+    onnx.save(model, path)
     result = run_cli("fuse", onnx_genai_folder, tmp_path / "out", "--target", "onnx", "--convert-opset")
-    assert result.returncode == 2
-    assert "embedding.onnx: onnx's version converter could not convert the model to opset 23" in result.stderr
+    assert result.returncode == 2, result
+    assert ("embedding.onnx: onnx's version converter cannot convert a model with model-local functions "
+            "(local::Twice)") in result.stderr, result.stderr
     assert not (tmp_path / "out").exists() and _leftovers(tmp_path) == []
+
+
+def test_opset_conversion_sets_onnxruntime_ops_aside(onnx_genai_folder, tmp_path):
+    """onnx's version converter knows no SimplifiedLayerNormalization (onnxruntime's, in the default domain): the
+    folder converts with those set aside, each converted after or reported."""
+    result = run_cli("fuse", onnx_genai_folder, tmp_path / "out", "--target", "onnx", "--convert-opset")
+    assert result.returncode == 0, result
+    assert "set aside while it converted the model" in result.stdout, result.stdout
 
 
 def test_nothing_fused_copies_no_library(tmp_path):
