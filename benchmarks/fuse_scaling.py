@@ -1,11 +1,14 @@
-"""How `ort-rmsnorm fuse`'s cost grows with the model: CPU seconds per 10k nodes at several sizes of two models.
+"""How `ort-rmsnorm fuse`'s cost grows with the model: CPU seconds per 10k nodes at several sizes of three models.
 
-    python benchmarks/fuse_scaling.py                      # both shapes, the sizes below (several minutes)
+    python benchmarks/fuse_scaling.py                      # every shape, the sizes below (several minutes)
     python benchmarks/fuse_scaling.py --shape functions --sizes 25,100,1000
     python benchmarks/fuse_scaling.py --shape norms --sizes 10000,200000
+    python benchmarks/fuse_scaling.py --shape llama --sizes 250,1250
 
 - ``norms``: a chain of decomposed RMSNorms (Pow, ReduceMean, Add, Sqrt, Div, Mul by a weight of its own), each
   normalizing the previous one's output; a size is a node count (rounded to whole norms of 6 nodes).
+- ``llama``: the package's Llama-style decoder (``ort_rmsnorm.llama``, hidden size 16) with as many layers as the
+  size (40 nodes and two norms each: what exporters write, residual adds included);
 - ``functions``: model-local functions, each holding a decomposed RMSNorm and calling the next, in chains of
   ``--chain`` functions (default 100) that the main graph calls in turn; a size is the number of functions (8 nodes
   each). onnx's checker refuses calls nested much deeper than 200.
@@ -30,7 +33,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-DEFAULT_SIZES = {"norms": [10_000, 50_000, 100_000, 200_000], "functions": [25, 100, 250, 1000]}
+DEFAULT_SIZES = {"norms": [10_000, 50_000, 100_000, 200_000], "llama": [250, 1250, 2500, 5000],
+                 "functions": [25, 100, 250, 1000]}
 HIDDEN = 16
 
 
@@ -55,6 +59,14 @@ def norm_chain(nodes: int) -> onnx.ModelProto:
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", HIDDEN])],
                               [helper.make_tensor_value_info(x, TensorProto.FLOAT, ["B", HIDDEN])], initializers)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+
+
+def llama(layers: int) -> onnx.ModelProto:
+    """A Llama-style decoder of ``layers`` layers, hidden size 16 (about 40 nodes a layer)."""
+    from ort_rmsnorm.llama import LlamaConfig, build_llama_onnx
+
+    return build_llama_onnx(LlamaConfig(vocab_size=64, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN,
+                                        num_layers=layers, num_heads=2))
 
 
 def function_chain(count: int, chain: int = 100) -> onnx.ModelProto:
@@ -124,11 +136,11 @@ def node_count(model: onnx.ModelProto) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", choices=["norms", "functions", "both"], default="both")
+    parser.add_argument("--shape", choices=["norms", "llama", "functions", "all"], default="all")
     parser.add_argument("--sizes", help="comma-separated sizes for one --shape (default: %s)" % DEFAULT_SIZES)
     parser.add_argument("--chain", type=int, default=100, help="functions: functions per chain (default 100)")
     args = parser.parse_args()
-    shapes = ["norms", "functions"] if args.shape == "both" else [args.shape]
+    shapes = ["norms", "llama", "functions"] if args.shape == "all" else [args.shape]
     for shape in shapes:
         sizes = [int(size) for size in args.sizes.split(",")] if args.sizes else DEFAULT_SIZES[shape]
         print(f"{shape}:")
@@ -136,7 +148,8 @@ def main() -> None:
               f"{'s/10k nodes':>12} {'peak MiB':>9}")
         per_10k = []
         for size in sizes:
-            model = norm_chain(size) if shape == "norms" else function_chain(size, args.chain)
+            model = {"norms": norm_chain, "llama": llama}[shape](size) if shape != "functions" \
+                else function_chain(size, args.chain)
             with tempfile.TemporaryDirectory() as folder:
                 result = measure(model, Path(folder))
             nodes, times = node_count(model), result["times"]
