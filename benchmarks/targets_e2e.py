@@ -19,7 +19,8 @@ steps before anything is timed: a mismatch stops the run.
 Steps: decode, one token after ``--past`` cached ones (random keys and values), and prefill, ``--prefill`` tokens from
 an empty cache. Per thread count, all contenders' sessions are open at once and their runs go round-robin (which one
 goes first rotates; ``ort_rmsnorm.runtime.time_interleaved``), the intra-op threads stop spinning when a run returns;
-the rounds are split over ``--session-sets`` sets of sessions, opened one after the other.
+the rounds are split over ``--session-sets`` sets of sessions, opened one after the other, each with the contenders
+in another order (within a set, each runs after the same other one).
 One thread: the calling thread's CPU time (onnxruntime starts no pool, and time other processes hold the core is left
 out); two: wall time. A cell is original / contender, the ratio of the medians, above 1 when the contender is faster;
 in brackets the quartiles of the paired ratios (each run of the original against the contender's run of the same
@@ -195,15 +196,17 @@ def time_model(model: Model, phases: dict[str, dict[str, np.ndarray]], threads: 
                seconds: float, session_sets: int) -> list:
     """The rows of one model at one thread count. The rounds are split over ``session_sets`` sets of sessions, each
     opened after the one before is closed, so that no contender keeps one session's luck (or bad luck) in where
-    its weights landed in memory; a second session of the original is the control for what remains."""
-    names = ["original", CONTROL, *model.fused]
-    paths = (model.original, model.original, *model.fused.values())
-    clock = clock_name(threads, "auto")
+    its weights landed in memory; a second session of the original is the control for what remains. Within a set
+    the turns go round in a fixed cycle, each contender after the same other one, so every set shuffles the cycle."""
+    paths = {"original": model.original, CONTROL: model.original, **model.fused}
+    names = list(paths)
+    clock, rng = clock_name(threads, "auto"), np.random.default_rng(threads)
     samples = {phase: {name: [] for name in names} for phase in phases}
     counts, seconds_taken, loads = {}, collections.Counter(), collections.defaultdict(list)
     for index in range(session_sets):
-        sessions = [runtime.make_session(str(path), threads=threads, options=runtime.timing_options())
-                    for path in paths]
+        order = [names[i] for i in rng.permutation(len(names))]
+        sessions = [runtime.make_session(str(paths[name]), threads=threads, options=runtime.timing_options())
+                    for name in order]
         for phase, feeds in phases.items():
             start = time.perf_counter()
             if index == 0:
@@ -211,7 +214,7 @@ def time_model(model: Model, phases: dict[str, dict[str, np.ndarray]], threads: 
             loads[phase] += load_average()
             timed = runtime.time_interleaved(sessions, feeds, counts[phase], warmup=2, clock=clock_function(clock))
             loads[phase] += load_average()
-            for name, times in zip(names, timed):
+            for name, times in zip(order, timed):
                 samples[phase][name] += times
             seconds_taken[phase] += time.perf_counter() - start
         del sessions
