@@ -280,11 +280,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--float16-hidden", type=int, default=576,
                         help="hidden size of the float16 model (not quantized); 0: none")
     parser.add_argument("--threads", default="1,2", help="intra-op thread counts")
-    parser.add_argument("--runs", type=int, default=60, help="interleaved decode rounds (a run of each contender), at least")
+    parser.add_argument("--runs", type=int, default=100,
+                        help="interleaved decode rounds (a run of each contender), at least")
     parser.add_argument("--prefill-runs", type=int, default=15, help="interleaved prefill rounds, at least")
-    parser.add_argument("--seconds", type=float, default=0,
-                        help="more runs where a cell's rounds fit in this many seconds (0: exactly --runs)")
-    parser.add_argument("--session-sets", type=int, default=3,
+    parser.add_argument("--seconds", type=float, default=60,
+                        help="more rounds where a cell's rounds fit in this many seconds (0: exactly --runs)")
+    parser.add_argument("--session-sets", type=int, default=4,
                         help="open every contender's session this many times, the rounds split between them")
     parser.add_argument("--layers", type=int, default=8, help="decoder layers of every model")
     parser.add_argument("--vocab", type=int, default=DEMO_CONFIG.vocab_size, help="vocabulary (the demo's)")
@@ -293,8 +294,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--targets", default=",".join(TARGETS), help="the fusion targets to compare")
     parser.add_argument("--out", type=Path, help="also write the tables and the machine's description here")
     args = parser.parse_args(argv)
-    hidden_sizes = [int(h) for h in args.hidden.split(",") if h]
-    thread_counts = [int(t) for t in args.threads.split(",") if t]
+    try:
+        hidden_sizes = [int(h) for h in args.hidden.split(",") if h]
+        thread_counts = [int(t) for t in args.threads.split(",") if t]
+    except ValueError as error:
+        parser.error(f"--hidden and --threads take comma-separated integers: {error}")
+    if not hidden_sizes or not thread_counts or min(hidden_sizes + thread_counts) < 1:
+        parser.error("--hidden and --threads: one positive integer or more")
     targets = [t for t in args.targets.split(",") if t]
     if unknown := set(targets) - set(TARGETS):
         parser.error(f"--targets: unknown {', '.join(sorted(unknown))} (choose from {', '.join(TARGETS)})")
