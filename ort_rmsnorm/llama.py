@@ -5,6 +5,10 @@ Token embedding, decoder layers (Hugging Face's RMSNorm with float32 upcast, cau
 MLP, residual adds), a final norm and an LM head. Each norm is written as the dynamo exporter writes
 ``LlamaRMSNorm``: ``Pow(x, 2)``, ``ReduceMean``, ``Add(eps)``, ``Sqrt``, ``Reciprocal``, ``Mul(x, .)``, then the
 weight; onnxruntime fuses none of these at session start.
+
+With ``kv_cache``, each layer's keys and values of the earlier tokens come in as ``past_key_values.{i}.key/value``
+and leave, with the new tokens', as ``present.{i}.key/value`` (``[batch, heads, tokens, head_dim]``, Hugging Face's
+names), so that a decode step attends to a cache as an exported decoder's does.
 """
 
 from __future__ import annotations
@@ -84,7 +88,8 @@ class _GraphBuilder:
         scale = self.weight(f"{name}.weight", 1.0 + 0.1 * self.rng.standard_normal(config.hidden_size))
         return self.node("Mul", [scale, normalized], name)
 
-    def attention(self, x: str, name: str, config: LlamaConfig) -> str:
+    def attention(self, x: str, name: str, config: LlamaConfig, cache: tuple[str, str] | None = None) -> str:
+        """``cache``: the layer's index and the value of its past keys' and values' prefix (with ``kv_cache``)."""
         hidden = config.hidden_size
 
         def heads(projection: str) -> str:
@@ -93,6 +98,10 @@ class _GraphBuilder:
             return self.node("Transpose", [split], f"{name}.{projection}.heads", perm=[0, 2, 1, 3])
 
         query, key, value = heads("q_proj"), heads("k_proj"), heads("v_proj")
+        if cache is not None:
+            past, present = cache
+            key = self.node("Concat", [f"{past}.key", key], f"{name}.k_cache", f"{present}.key", axis=2)
+            value = self.node("Concat", [f"{past}.value", value], f"{name}.v_cache", f"{present}.value", axis=2)
         key_t = self.node("Transpose", [key], f"{name}.k_t", perm=[0, 1, 3, 2])
         scores = self.node("Mul", [self.node("MatMul", [query, key_t], f"{name}.qk"), "attention_scale"],
                            f"{name}.scores")
@@ -110,15 +119,22 @@ class _GraphBuilder:
         product = self.node("Mul", [silu, up], f"{name}.product")
         return self.linear(product, f"{name}.down_proj", config.intermediate_size, config.hidden_size)
 
-    def causal_mask(self) -> None:
-        """``causal_mask[i, j]``: the dtype's lowest value above the diagonal (as Hugging Face masks), 0 elsewhere.
+    def causal_mask(self, past_key: str | None = None) -> None:
+        """``causal_mask[i, j]``: the dtype's lowest value where key ``j`` comes after query ``i`` (as Hugging Face
+        masks), 0 elsewhere. Without a cache it is ``[sequence, sequence]``; after ``past`` cached tokens (the
+        length of ``past_key``'s axis 2) it is ``[sequence, past + sequence]``, query ``i`` being token ``past + i``.
 
-        Built from the input's shape so that shape inference sees ``[sequence, sequence]``."""
+        Built from the inputs' shapes so that shape inference sees them."""
         length = self.node("Shape", ["input_ids"], "sequence_length", start=1, end=2)
-        square = self.node("Concat", [length, length], "mask_shape", axis=0)
+        keys, diagonal = length, "one"
+        if past_key is not None:
+            past = self.node("Shape", [past_key], "past_length", start=2, end=3)
+            keys = self.node("Add", [past, length], "total_length")
+            diagonal = self.node("Add", [self.node("Squeeze", [past], "past_count"), "one"], "mask_diagonal")
+        square = self.node("Concat", [length, keys], "mask_shape", axis=0)
         lowest = numpy_helper.from_array(np.array([np.finfo(self.dtype).min], self.dtype))
         filled = self.node("ConstantOfShape", [square], "mask_filled", value=lowest)
-        self.node("Trilu", [filled, "one"], "causal_mask", upper=1)
+        self.node("Trilu", [filled, diagonal], "causal_mask", upper=1)
 
     def constants(self, config: LlamaConfig) -> None:
         self.constant("two", np.float32(2.0))
@@ -129,31 +145,37 @@ class _GraphBuilder:
         self.weight("attention_scale", np.array(1.0 / np.sqrt(config.head_dim)))
 
 
-def build_llama_onnx(config: LlamaConfig, dtype: str = "float32", seed: int = 0) -> onnx.ModelProto:
-    """The demo model built with onnx.helper: ``input_ids [batch, sequence]`` (int64) -> ``logits``."""
+def build_llama_onnx(config: LlamaConfig, dtype: str = "float32", seed: int = 0, *,
+                     kv_cache: bool = False) -> onnx.ModelProto:
+    """The demo model built with onnx.helper: ``input_ids [batch, sequence]`` (int64) -> ``logits``; with
+    ``kv_cache``, the past keys and values of each layer as inputs and the present ones as outputs too."""
     builder = _GraphBuilder(dtype, np.random.default_rng(seed))
     builder.constants(config)
-    builder.causal_mask()
+    cache_names = [(f"past_key_values.{index}", f"present.{index}") for index in range(config.num_layers)]
+    builder.causal_mask(f"{cache_names[0][0]}.key" if kv_cache else None)
     embedding = builder.weight("embed_tokens.weight", builder.rng.standard_normal((config.vocab_size,
                                                                                     config.hidden_size)))
     hidden = builder.node("Gather", [embedding, "input_ids"], "embed_tokens")
     for index in range(config.num_layers):
         name = f"layers.{index}"
         attended = builder.attention(builder.rms_norm(hidden, f"{name}.input_layernorm", config),
-                                     f"{name}.self_attn", config)
+                                     f"{name}.self_attn", config, cache_names[index] if kv_cache else None)
         hidden = builder.node("Add", [hidden, attended], f"{name}.attention_residual")
         transformed = builder.mlp(builder.rms_norm(hidden, f"{name}.post_attention_layernorm", config),
                                   f"{name}.mlp", config)
         hidden = builder.node("Add", [hidden, transformed], f"{name}.mlp_residual")
     normalized = builder.rms_norm(hidden, "norm", config)
     builder.linear(normalized, "lm_head", config.hidden_size, config.vocab_size, output="logits")
-    graph = helper.make_graph(
-        builder.nodes,
-        "llama_demo",
-        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"])],
-        [helper.make_tensor_value_info("logits", ONNX_TYPES[dtype], ["batch", "sequence", config.vocab_size])],
-        builder.initializers,
-    )
+    inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"])]
+    outputs = [helper.make_tensor_value_info("logits", ONNX_TYPES[dtype], ["batch", "sequence", config.vocab_size])]
+    if kv_cache:
+        for past, present in cache_names:
+            for part in ("key", "value"):
+                inputs.append(helper.make_tensor_value_info(
+                    f"{past}.{part}", ONNX_TYPES[dtype], ["batch", config.num_heads, "past", config.head_dim]))
+                outputs.append(helper.make_tensor_value_info(
+                    f"{present}.{part}", ONNX_TYPES[dtype], ["batch", config.num_heads, "total", config.head_dim]))
+    graph = helper.make_graph(builder.nodes, "llama_demo", inputs, outputs, builder.initializers)
     opsets = [helper.make_opsetid("", OPSET)]
     # The oldest IR version the opset allows (not onnx's newest), so that older onnxruntime releases load the model.
     model = helper.make_model(graph, opset_imports=opsets, ir_version=helper.find_min_ir_version_for(opsets),
