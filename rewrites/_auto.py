@@ -31,7 +31,7 @@ from ort_rmsnorm.contract import (
 )
 
 from ._auto_table import FASTER_UP_TO, MEASURED_ON
-from ._facts import Facts, NotFusable, dtype_name, int_attribute, static_dims
+from ._facts import SIXTEEN_BIT, Facts, NotFusable, dtype_name, int_attribute, static_dims
 from ._targets import CustomTarget, NormSpec, OrtTarget, SkipOp, SkipSpec, Target
 
 
@@ -104,7 +104,11 @@ class AutoTarget(Target):
         if axis is not None and axis >= 0:
             axis = axis - shape.rank() if shape is not None else None
         length = row_length(shape, axis) if axis is not None else None
-        verdict = choose(SKIP_RMSNORM, facts.dtype(norm.inputs[0]), length)
+        dtype = facts.dtype(norm.inputs[0])
+        if dtype in SIXTEEN_BIT:  # the graph's Add rounds the sum; onnxruntime's 16-bit op normalizes it unrounded
+            return [(self._ours.skip, f"ours: onnxruntime's {dtype_name(dtype)} residual op normalizes the float32 "
+                                      "sum, the graph the sum its Add rounded")]
+        verdict = choose(SKIP_RMSNORM, dtype, length)
         ours = (self._ours.skip, verdict.reason if not verdict.onnxruntime else
                 "ours: onnxruntime's op would be faster but cannot express the norm")
         return [(self._ort.skip, verdict.reason), ours] if verdict.onnxruntime else [ours]
