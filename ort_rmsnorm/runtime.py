@@ -7,6 +7,7 @@ sides: inputs travel as OrtValues built on their uint16 bits, outputs are copied
 from __future__ import annotations
 
 import ctypes
+import random
 import time
 from typing import Callable, Iterator, Mapping, Sequence
 
@@ -101,8 +102,12 @@ def time_interleaved(sessions: Sequence[ort.InferenceSession], feeds: Mapping[st
 
 
 def turns(count: int, repetitions: int) -> Iterator[int]:
-    """Indices of ``count`` contenders taking turns ``repetitions`` times, the one that goes first rotating (so that
-    none always follows the same other one)."""
+    """Indices of ``count`` contenders taking turns ``repetitions`` times, each repetition in its own order: the
+    first a rotation (each contender goes first as often as the others), the rest shuffled, seeded so that a run
+    repeats, so that no contender always follows the same other one (whose caches and frequency it would inherit)."""
+    order = random.Random(count)
     for repetition in range(repetitions):
-        for offset in range(count):
-            yield (repetition + offset) % count
+        rest = [(repetition + offset) % count for offset in range(1, count)]
+        order.shuffle(rest)
+        yield repetition % count
+        yield from rest

@@ -285,3 +285,18 @@ def test_int4_end_to_end_reports_speed_norm_share_and_neighbours(tmp_path):
     assert all(t["original_ms"] > 0 and t["fused_ms"] > 0 and t["clock"] == "thread_cpu" for t in model["timings"])
     assert sum(model["neighbours"]["patterns"].values()) == 5
     assert "| hidden 64, 2 layers |" in (out / "e2e-int4.md").read_text()
+
+
+def test_contenders_take_turns_in_varied_orders():
+    """Each repetition runs every contender once; each goes first equally often; none always follows the same other
+    one (its predecessor's caches and clock would be part of its time); the order repeats from run to run."""
+    from ort_rmsnorm.runtime import turns
+
+    count, repetitions = 4, 40
+    order = list(turns(count, repetitions))
+    assert order == list(turns(count, repetitions))
+    rounds = [order[i:i + count] for i in range(0, len(order), count)]
+    assert all(sorted(one) == list(range(count)) for one in rounds)
+    assert [one[0] for one in rounds].count(0) == repetitions // count
+    predecessors = {contender: {a for a, b in zip(order, order[1:]) if b == contender} for contender in range(count)}
+    assert all(len(before) >= 2 for before in predecessors.values()), predecessors
