@@ -60,11 +60,13 @@ def _stage(kind: str, x: str, skip: str, y: str, total: str) -> tuple[list[onnx.
     if kind == RMSNORM:
         return [helper.make_node(RMSNORM, [x, "scale"], [y], domain=OP_DOMAIN, epsilon=EPSILON)], skip
     if kind == SKIP_RMSNORM:
-        return [helper.make_node(SKIP_RMSNORM, [x, skip, "scale"], [y, total], domain=OP_DOMAIN, epsilon=EPSILON)], total
+        node = helper.make_node(SKIP_RMSNORM, [x, skip, "scale"], [y, total], domain=OP_DOMAIN, epsilon=EPSILON)
+        return [node], total
     if kind == ORT_SIMPLIFIED_LAYER_NORM:
         return [helper.make_node(kind, [x, "scale"], [y], epsilon=EPSILON, axis=-1, stash_type=1)], skip
     if kind == ORT_SKIP_SIMPLIFIED_LAYER_NORM:
-        return [helper.make_node(kind, [x, skip, "scale"], [y, "", "", total], domain=MS_DOMAIN, epsilon=EPSILON)], total
+        node = helper.make_node(kind, [x, skip, "scale"], [y, "", "", total], domain=MS_DOMAIN, epsilon=EPSILON)
+        return [node], total
     raise ValueError(kind)
 
 
@@ -125,7 +127,8 @@ def measure(hidden: int, dtype: str, args: argparse.Namespace) -> dict[str, floa
         contenders += [("ReadXAllocate", "ReadXAllocate", [args.floor_library]),
                        ("ReadXSkipAllocate", "ReadXSkipAllocate", [args.floor_library])]
     contenders += [(RMSNORM, RMSNORM, ours), (ORT_SIMPLIFIED_LAYER_NORM, ORT_SIMPLIFIED_LAYER_NORM, []),
-                  (SKIP_RMSNORM, SKIP_RMSNORM, ours), (ORT_SKIP_SIMPLIFIED_LAYER_NORM, ORT_SKIP_SIMPLIFIED_LAYER_NORM, [])]
+                   (SKIP_RMSNORM, SKIP_RMSNORM, ours),
+                   (ORT_SKIP_SIMPLIFIED_LAYER_NORM, ORT_SKIP_SIMPLIFIED_LAYER_NORM, [])]
     if args.compare_library:
         contenders += [(f"{RMSNORM} (compared)", RMSNORM, [args.compare_library]),
                        (f"{SKIP_RMSNORM} (compared)", SKIP_RMSNORM, [args.compare_library])]

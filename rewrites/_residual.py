@@ -14,11 +14,11 @@ from ._session import FusionSession
 
 
 class SkipFusion(FusionRule):
-    """Add(a, b) → one of the target's norm ops (``norm_op``), with a and b of one shape → the target's skip op for it,
-    whose ``sum`` output replaces the Add's output for its other consumers. Also fuses an Add before a norm fused by
-    an earlier run (so the pass is idempotent). For a target with a skip op: ``custom`` (RMSNorm → SkipRMSNorm),
-    ``ort`` (SimplifiedLayerNormalization → com.microsoft.SkipSimplifiedLayerNormalization), ``auto`` (either norm op
-    → the skip op its table prefers, ours where onnxruntime's cannot express the norm)."""
+    """Add(a, b) → one of the target's norm ops (``norm_op``), with a and b of one shape → the target's skip op for
+    it, whose ``sum`` output replaces the Add's output for its other consumers. Also fuses an Add before a norm fused
+    by an earlier run (so the pass is idempotent). For a target with a skip op: ``custom`` (RMSNorm → SkipRMSNorm),
+    ``ort`` (SimplifiedLayerNormalization → com.microsoft.SkipSimplifiedLayerNormalization), ``auto`` (either norm
+    op → the skip op its table prefers, ours where onnxruntime's cannot express the norm)."""
 
     def __init__(self, session: FusionSession, norm_op: str) -> None:
         super().__init__(f"SkipAdd[{session.target.name}]", session, remove_nodes=True)

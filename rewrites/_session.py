@@ -156,7 +156,8 @@ class FusionSession:
             roundings=list(spec.roundings),
             choice=spec.choice,
         )
-        outputs = [(new, self._facts(old) if old is not None else (None, None, None)) for new, old in zip(emitted, replaced)]
+        outputs = [(new, self._facts(old) if old is not None else (None, None, None))
+                   for new, old in zip(emitted, replaced)]
         self._add(FusedNode(node, record, list(context.nodes), outputs, context.root, [], _read(context.nodes)))
         self._learn(emitted, replaced)
 

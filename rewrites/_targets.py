@@ -46,7 +46,6 @@ from ort_rmsnorm.contract import (
     OURS_RMSNORM,
     OURS_SKIP_RMSNORM,
     RMSNORM,
-    SKIP_NORM_OPS,
     SKIP_RMSNORM,
     STASH_TYPE,
     qualified,
@@ -495,7 +494,8 @@ class OrtTarget(_StandardLikeTarget):
         shape = norm.x_shape
         if spec.dtype in SIXTEEN_BIT and not spec.float32_sum:
             raise NotFusable(f"{op_type} normalizes the float32 sum; {spec.what} normalizes the sum rounded to the type")
-        if norm.eps_placement == EPS_OUTSIDE or shape is None or shape.rank() not in (2, 3) or norm.axis != -1:
+        last_axis = shape is not None and shape.rank() in (2, 3) and norm.axis == -1
+        if norm.eps_placement == EPS_OUTSIDE or not last_axis:
             raise NotFusable(f"{op_type} normalizes the last axis of a rank-2 or rank-3 input, epsilon inside the sqrt")
         adapted = self.adapt(norm, graph_like, model, facts)  # the scale in X's type, one element per column
         hidden = static_dims(shape.dims[-1:])

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import helper
 
 import ort_rmsnorm
 from ort_rmsnorm.llama import LlamaConfig, build_llama_onnx
@@ -113,4 +112,3 @@ def test_the_table_is_the_measured_one():
     assert set(_auto_table.FASTER_UP_TO) <= {"RMSNorm", "SkipRMSNorm"} and _auto_table.MEASURED_ON
     for limits in _auto_table.FASTER_UP_TO.values():
         assert all(dtype in ("float32", "float16", "bfloat16") and length > 0 for dtype, length in limits.items())
-    assert helper  # the models above are onnx.helper-built
