@@ -64,7 +64,8 @@ def builder_like_model(opset: int = 17) -> onnx.ModelProto:
 
 def test_onnxruntime_ops_are_set_aside_and_the_norms_converted(rng):
     model = builder_like_model()
-    with pytest.raises(Exception, match="SimplifiedLayerNormalization"):  # what onnx's converter alone says
+    # What onnx's converter alone says (onnx 1.18: an IndexError from its C++ map lookup).
+    with pytest.raises(Exception, match="SimplifiedLayerNormalization|_Map_base::at"):
         onnx.version_converter.convert_version(model, 23)
 
     fused, report = ort_rmsnorm.fuse(model, "onnx", allow_opset_upgrade=True)
