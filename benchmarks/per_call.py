@@ -31,7 +31,6 @@ Contenders (the ``Skip`` ones take X and skip, write Y and the sum, and chain th
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import time
 
@@ -41,6 +40,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from ort_rmsnorm import get_library_path
+from ort_rmsnorm.bench.machine import cpu_model
 from ort_rmsnorm.contract import MS_DOMAIN, OP_DOMAIN, OP_VERSION, ORT_SIMPLIFIED_LAYER_NORM, \
     ORT_SKIP_SIMPLIFIED_LAYER_NORM, RMSNORM, SKIP_RMSNORM
 
@@ -199,21 +199,10 @@ def main() -> None:
             if limit is not None:
                 table.setdefault(op, {})[dtype] = limit
     if args.write_table:
-        measured_on = (f"measured on {cpu_name()}, onnxruntime {ort.__version__}, one thread, "
+        measured_on = (f"measured on {cpu_model()}, onnxruntime {ort.__version__}, one thread, "
                        f"{time.strftime('%Y-%m-%d')}")
         write_table(args.write_table, table, measured_on)
         print(f"wrote {args.write_table}: {table}")
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as file:
-            for line in file:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 if __name__ == "__main__":

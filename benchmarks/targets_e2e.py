@@ -127,7 +127,7 @@ def fuse_targets(model: Model, targets: list[str]) -> None:
             model.not_run[target] = f"the pass refused the model: {error}"
             log(f"  {target}: {model.not_run[target]}")
             continue
-        counts = collections.Counter(fusion.op_type for fusion in report.fusions)
+        counts = report.ops_written()
         model.ops[target] = dict(counts)
         if not report.fusions:
             reasons = collections.Counter(skipped.reason for skipped in report.skipped)

@@ -40,11 +40,8 @@ OTHER_TARGETS = (ORT, AUTO)
 
 
 def _op_counts(report) -> str:
-    """``5 x SimplifiedLayerNormalization, 4 x ort_rmsnorm.SkipRMSNorm`` for the ops a report's fusions wrote."""
-    counts: dict[str, int] = {}
-    for fusion in report.fusions:
-        counts[fusion.op_type] = counts.get(fusion.op_type, 0) + 1
-    return ", ".join(f"{count} x {op}" for op, count in sorted(counts.items())) or "nothing fused"
+    """``1 x SimplifiedLayerNormalization, 4 x ...`` for the ops a report's fusions wrote."""
+    return ", ".join(f"{count} x {op}" for op, count in sorted(report.ops_written().items())) or "nothing fused"
 
 
 def torch_available() -> bool:

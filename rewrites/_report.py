@@ -78,6 +78,10 @@ class FusionReport:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    def ops_written(self) -> Counter:
+        """How many fusions wrote each op (domain-qualified), e.g. ``{"ort_rmsnorm.SkipRMSNorm": 4, ...}``."""
+        return Counter(fusion.op_type for fusion in self.fusions)
+
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
 
