@@ -6,7 +6,9 @@
 //   ReadXSkipAllocate(X, skip, ...) -> Y, sum  reads X's and skip's dims, allocates Y and sum  (SkipRMSNorm's)
 //
 // Both declare Y (and sum) with X's type and shape, as our ops do, and may write them in place of X (and skip).
-// Written against the C API only (no C++ wrapper), so that nothing but onnxruntime's own work is timed.
+// Written against the C API only (no C++ wrapper), so that nothing but onnxruntime's own work is timed. On
+// onnxruntime 1.24 and newer the dims are read as the library reads them, through the API-24 function that returns
+// them without a type-and-shape object (custom_op_src/ort/ort_api.h).
 #include <onnxruntime_c_api.h>
 
 #include <cstdint>
@@ -17,6 +19,10 @@ namespace {
 
 const OrtApi* g_api = nullptr;
 constexpr size_t kMaxRank = 16;
+// OrtApi::GetTensorElementTypeAndShapeDataReference, from its slot (see ort_api.h), or nullptr before API 24.
+using ShapeReferenceFn = OrtStatus*(ORT_API_CALL*)(const OrtValue*, ONNXTensorElementDataType*, const int64_t**,
+                                                    size_t*);
+ShapeReferenceFn g_shape_reference = nullptr;
 
 struct FloorOp : OrtCustomOp {
   const char* name;
@@ -38,6 +44,14 @@ OrtStatusPtr ORT_API_CALL Compute(void* kernel, OrtKernelContext* context) {
   for (size_t input = 0; input < tensor_inputs; ++input) {
     const OrtValue* value = nullptr;
     Ignore(g_api->KernelContext_GetInput(context, input, &value));
+    if (g_shape_reference) {
+      ONNXTensorElementDataType type;
+      const int64_t* shape = nullptr;
+      Ignore(g_shape_reference(value, &type, &shape, &rank));
+      if (rank > kMaxRank) rank = kMaxRank;
+      std::memcpy(dims, shape, rank * sizeof(int64_t));
+      continue;
+    }
     OrtTensorTypeAndShapeInfo* info = nullptr;
     Ignore(g_api->GetTensorTypeAndShape(value, &info));
     Ignore(g_api->GetDimensionsCount(info, &rank));
@@ -122,6 +136,12 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL
 RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
   g_api = api_base->GetApi(18);
   if (!g_api) return nullptr;  // onnxruntime < 1.18: nothing registered, the session then names the missing op
+  const char* version = api_base->GetVersionString();  // "1.N...": API 24 from 1.24
+  if (std::strncmp(version, "1.", 2) == 0 && std::strtol(version + 2, nullptr, 10) >= 24) {
+    if (const OrtApi* api24 = api_base->GetApi(24)) {
+      g_shape_reference = reinterpret_cast<const ShapeReferenceFn*>(api24)[414];
+    }
+  }
   static FloorOp ops[] = {MakeOp("ReadXAllocate", 1, 1), MakeOp("ReadXSkipAllocate", 2, 2)};
   static OrtCustomOpDomain* domain = [] {
     OrtCustomOpDomain* created = nullptr;

@@ -139,6 +139,18 @@ std::optional<StaticInput> NormAttributes::CheckStaticInput(const Ort::ConstKern
 Shape ShapeOf(const Ort::ConstValue& value) { return value.GetTensorTypeAndShapeInfo().GetShape(); }
 
 TensorDims::TensorDims(const OrtValue* value) {
+  if (const ShapeReferenceFn shape_reference = ShapeReference()) {
+    ONNXTensorElementDataType element_type;
+    const int64_t* dims = nullptr;
+    Ort::ThrowOnError(shape_reference(value, &element_type, &dims, &rank_));
+    int64_t* copy = inline_;
+    if (rank_ > kInlineRank) {
+      heap_.resize(rank_);
+      copy = heap_.data();
+    }
+    std::copy(dims, dims + rank_, copy);
+    return;
+  }
   const OrtApi& api = Ort::GetApi();
   OrtTensorTypeAndShapeInfo* raw = nullptr;
   Ort::ThrowOnError(api.GetTensorTypeAndShape(value, &raw));

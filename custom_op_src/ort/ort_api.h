@@ -26,6 +26,18 @@ constexpr int kReleaseCheckingOutputIndex = 28;
 
 // The API version in use: min(runtime's, ORT_API_VERSION). Set once by RegisterCustomOps.
 int RuntimeApiVersion();
+
+// OrtApi::GetTensorElementTypeAndShapeDataReference (API 24): a tensor's element type and a pointer to its dims,
+// without the type-and-shape object GetTensorTypeAndShape allocates and the caller frees. The library is built
+// against the API-21 headers, which do not declare it, so it is read from its slot in the function table: OrtApi only
+// ever grows at the end and a released slot never moves (onnxruntime_c_api.cc asserts it per version), and
+// scripts/test-ort-compat runs the library on 1.24.1, the first release with the slot.
+using ShapeReferenceFn = OrtStatus*(ORT_API_CALL*)(const OrtValue* value, ONNXTensorElementDataType* element_type,
+                                                    const int64_t** dims, size_t* rank);
+constexpr int kApiShapeReference = 24;
+constexpr size_t kShapeReferenceSlot = 414;
+// The function, or nullptr on runtimes older than API 24. Set once by RegisterCustomOps.
+ShapeReferenceFn ShapeReference();
 // N for the running onnxruntime 1.N. Set once by RegisterCustomOps.
 int RuntimeRelease();
 

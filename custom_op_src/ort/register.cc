@@ -14,6 +14,17 @@ namespace {
 
 int g_api_version = 0;
 int g_runtime_release = 0;
+ShapeReferenceFn g_shape_reference = nullptr;
+
+// The API-24 function's slot, where the runtime serves API 24 (kShapeReferenceSlot).
+ShapeReferenceFn FindShapeReference(const OrtApiBase* api_base) {
+  const OrtApi* api = api_base->GetApi(kApiShapeReference);
+  if (api == nullptr) return nullptr;
+  ShapeReferenceFn function = nullptr;
+  std::memcpy(&function, reinterpret_cast<const unsigned char*>(api) + kShapeReferenceSlot * sizeof(void*),
+              sizeof function);
+  return function;
+}
 
 // N for onnxruntime 1.N; a later major version counts as newer than every 1.N.
 int ReleaseOf(const char* runtime_version) {
@@ -28,6 +39,7 @@ int ReleaseOf(const char* runtime_version) {
 
 int RuntimeApiVersion() { return g_api_version; }
 int RuntimeRelease() { return g_runtime_release; }
+ShapeReferenceFn ShapeReference() { return g_shape_reference; }
 
 }  // namespace ort_rmsnorm
 
@@ -57,6 +69,8 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
   std::call_once(once, [&] {
     g_api_version = api_version;
     g_runtime_release = release;
+    // Asked only of runtimes that announce API 24: older ones print an error for a version they do not serve.
+    if (release >= kApiShapeReference) g_shape_reference = FindShapeReference(api_base);
     Ort::InitApi(api);
     const char* requested_isa = std::getenv("ORT_RMSNORM_CPU_ISA");
     const char* isa_error = nullptr;
