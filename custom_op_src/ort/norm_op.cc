@@ -43,6 +43,7 @@ AttributeType Probe(const OrtKernelInfo* info, const char* name, int64_t* int_va
 
 NormAttributes::NormAttributes(const Ort::ConstKernelInfo& info, const char* op, bool skip) : op_name(op) {
   node_name = info.GetNodeName();
+  outputs = info.GetOutputCount();
   while (!node_name.empty() && node_name.back() == '\0') node_name.pop_back();
 
   int64_t int_value = 0;

@@ -12,6 +12,7 @@
 
 #include "../kernels/norm_geometry.h"
 #include "../kernels/scalar_convert.h"
+#include "call_stamps.h"
 #include "ort_api.h"
 
 namespace ort_rmsnorm {
@@ -75,6 +76,7 @@ struct NormAttributes {
   float epsilon = 1e-5f;
   bool eps_outside_sqrt = false;
   bool normalize_float32_sum = false;  // SkipRMSNorm
+  size_t outputs = 1;                  // the node's outputs (SkipRMSNorm's `sum` may be one, named or omitted)
 
   NormAttributes(const Ort::ConstKernelInfo& info, const char* op, bool skip);
 
@@ -127,22 +129,28 @@ NormCall BindCall(const Ort::KernelContext& context, const NormAttributes& attri
   using Sig = NormSignature<K>;
   NormCall call;
   call.x = context.GetInput(Sig::kX);
+  ORT_RMSNORM_STAMP(kGetX);
   call.x_dims = TensorDims(call.x);
+  ORT_RMSNORM_STAMP(kDimsX);
   const ShapeView x_shape = call.x_shape();
   call.geometry = attributes.Geometry(x_shape);
   call.x_data = call.x.GetTensorRawData();
+  ORT_RMSNORM_STAMP(kInputX);
   if constexpr (Sig::kSkip) {
     const Ort::ConstValue skip = context.GetInput(Sig::kSkipInput);
     attributes.CheckSkipShape(TensorDims(skip).View(), x_shape);
     call.skip = skip.GetTensorRawData();
+    ORT_RMSNORM_STAMP(kInputSkip);
   }
   call.y = context.GetOutput(Sig::kY, x_shape.data(), x_shape.size()).GetTensorMutableRawData();
+  ORT_RMSNORM_STAMP(kOutputY);
   if constexpr (Sig::kSkip) {
-    if (context.GetOutputCount() > Sig::kSum) {
+    if (attributes.outputs > Sig::kSum) {  // an omitted `sum` (an empty name) comes back as no value
       if (Ort::UnownedValue sum = context.GetOutput(Sig::kSum, x_shape.data(), x_shape.size())) {
         call.sum = sum.GetTensorMutableRawData();
       }
     }
+    ORT_RMSNORM_STAMP(kOutputSum);
   }
   return call;
 }
