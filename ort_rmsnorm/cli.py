@@ -1,4 +1,4 @@
-"""The ``ort-rmsnorm`` command line: ``fuse``, ``verify``, ``demo``, ``bench``, ``info``, ``tool``.
+"""The ``ort-rmsnorm`` command line: ``fuse``, ``verify``, ``demo``, ``bench``, ``info``, ``tune``, ``tool``.
 
 Each subcommand is a :class:`Command`: a function that adds its arguments to its parser and a function that runs it
 and returns the exit status (:mod:`ort_rmsnorm.command_line`: errors on one line, exit statuses). Heavy modules
@@ -339,6 +339,73 @@ def run_info(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# --- tune ---------------------------------------------------------------------------------------------------------
+
+
+def _sizes(text: str) -> list[int]:
+    sizes = [item.strip() for item in text.split(",")]
+    if not all(item.isdigit() and 0 < int(item) <= 1 << 20 for item in sizes):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated row lengths from 1 to {1 << 20}")
+    return [int(item) for item in sizes]
+
+
+def _dtypes(text: str) -> list[str]:
+    dtypes = [item.strip() for item in text.split(",")]
+    if not all(item in ("float32", "float16") for item in dtypes):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected float32, float16 or both, comma-separated")
+    return dtypes
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return int(text)
+
+
+def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
+    from .auto_table import ENV
+
+    parser.add_argument("--output", metavar="PATH",
+                        help="where to write the table (default: $XDG_CONFIG_HOME/ort-rmsnorm/auto-table.json, or "
+                             f"${ENV}); '-' prints it only")
+    parser.add_argument("--hidden", type=_sizes, metavar="H,H,...",
+                        help="row lengths to measure, shortest first (default 64 ... 8192; --quick: 64,256,576,1024,"
+                             "2048)")
+    parser.add_argument("--dtypes", type=_dtypes, default=["float32", "float16"], metavar="TYPES",
+                        help="float32, float16 or both (default both)")
+    parser.add_argument("--quick", action="store_true", help="fewer lengths and rounds: about half a minute")
+    parser.add_argument("--rounds", type=_positive, default=None, help="rounds per length (default 7; --quick 5)")
+    parser.add_argument("--runs", type=_positive, default=10, help="runs per round and contender (default 10)")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    from .auto_table import machine_table_path
+    from .bench import tune
+
+    destination = None if args.output == "-" else Path(args.output) if args.output else machine_table_path()
+    if destination is not None and (destination.is_dir() or (destination.exists() and not destination.is_file())):
+        raise UsageError(f"--output {destination}: not a regular file")
+    hidden = args.hidden or (tune.QUICK_HIDDEN if args.quick else tune.DEFAULT_HIDDEN)
+    rounds = args.rounds or (5 if args.quick else 7)
+    progress = Progress(args.quiet)
+    progress.stage(f"tune: our ops against onnxruntime's, cold after a MatMul, one thread ({tune.load_line()})")
+    table, _cells = tune.measure(hidden, args.dtypes, rounds=rounds, runs=args.runs,
+                                 weight_mib=tune.DEFAULT_WEIGHT_MIB, progress=progress.stage)
+    progress.stage(f"tune: done ({tune.load_line()})")
+    print(f"auto's table, {table.measured_on}:")
+    print("\n".join(tune.describe(table)))
+    if destination is None:
+        print(table.to_json("", "").rstrip())
+        return EXIT_OK
+    try:
+        tune.write(table, destination)
+    except OSError as error:
+        raise UsageError(f"--output {destination}: cannot write it: {error.strerror or error}") from None
+    print(f"wrote {destination}: the auto target reads it from now on (ORT_RMSNORM_AUTO_TABLE=shipped ignores it)")
+    return EXIT_OK
+
+
 # --- tool ---------------------------------------------------------------------------------------------------------
 
 
@@ -396,6 +463,8 @@ COMMANDS = [
             add_demo_arguments, run_demo),
     Command("bench", BENCH_HELP, add_bench_arguments, run_bench),
     Command("info", "library path, build info, the kernels in use, versions", add_info_arguments, run_info),
+    Command("tune", "measure where onnxruntime's norm ops beat ours on this CPU, for the auto target",
+            add_tune_arguments, run_tune),
     Command("tool", "run a Python tool (python -m MODULE) with the library in every onnxruntime session it opens",
             add_tool_arguments, run_tool),
     # A new subcommand is one more entry here: Command(name, help, add_<name>_arguments, run_<name>).

@@ -129,10 +129,11 @@ def make_directory(option: str, directory: Path) -> None:
 
 
 def _expected_errors() -> tuple[type[BaseException], ...]:
+    from .auto_table import AutoTableError
     from .model_io import ModelFileError
     from .verify import VerifyInputError
 
-    return (UsageError, ModelFileError, VerifyInputError, FileNotFoundError)
+    return (UsageError, ModelFileError, VerifyInputError, AutoTableError, FileNotFoundError)
 
 
 # The API's options in the words of the command line, for the messages of the pass and the API that name them.

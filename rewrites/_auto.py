@@ -1,10 +1,10 @@
 """The ``auto`` target: each norm as ours or as onnxruntime's own op, whichever runs faster on the CPU, where
 onnxruntime's computes the same thing (the ``ort`` target's rules); ours everywhere else.
 
-A custom op pays more per call than a built-in one (a type-and-shape query through the C API for each input whose
-shape it reads, docs/benchmarks.md "The per-call cost in a graph"), and our kernels are faster: onnxruntime's op
+A custom op pays more per call than a built-in one (its calls into onnxruntime's C API, cold where a decoder runs a
+norm: right after a MatMul, docs/benchmarks.md "The cold call"), and our kernels are faster: onnxruntime's op
 wins only on rows short enough that the call costs more than the row. Where that is, per op and type, is measured
-(``benchmarks/per_call.py --write-table``) and read from ``_auto_table``: onnxruntime's op up to the largest row
+cold (``ort-rmsnorm tune``) and read from the table: onnxruntime's op up to the largest row
 length at which it was measured faster, ours above it, and ours where the row length is not static or no length
 was measured faster. A model already holding either op gets the faster one too; an op that is already the faster
 one stays as it is (the report's notes count them).
@@ -30,6 +30,8 @@ from ort_rmsnorm.contract import (
     SKIP_RMSNORM,
 )
 
+from ort_rmsnorm.auto_table import SHIPPED, AutoTable, load
+
 from ._auto_table import FASTER_UP_TO, MEASURED_ON
 from ._facts import SIXTEEN_BIT, Facts, NotFusable, dtype_name, int_attribute, static_dims
 from ._targets import CustomTarget, NormSpec, OrtTarget, SkipOp, SkipSpec, Target
@@ -41,21 +43,30 @@ class Verdict:
     reason: str
 
 
-def choose(kind: str, dtype: ir.DataType | None, columns: int | None) -> Verdict:
+SHIPPED_TABLE = AutoTable(FASTER_UP_TO, MEASURED_ON, SHIPPED)
+
+
+def current_table() -> AutoTable:
+    """The table ``auto`` reads now: this machine's, or the shipped one (:func:`ort_rmsnorm.auto_table.load`)."""
+    return load(SHIPPED_TABLE)
+
+
+def choose(kind: str, dtype: ir.DataType | None, columns: int | None, table: AutoTable) -> Verdict:
     """Whether onnxruntime's op runs ``kind`` (``RMSNorm`` or ``SkipRMSNorm``) on rows of ``columns`` elements of
     ``dtype`` faster than ours, by the measured table."""
     dtype_text = dtype_name(dtype)
-    limit = FASTER_UP_TO.get(kind, {}).get(dtype_text)
+    limit = table.faster_up_to.get(kind, {}).get(dtype_text)
+    source = table.describe()
     if limit is None:
-        return Verdict(False, f"ours: faster at every {dtype_text} row length measured ({MEASURED_ON})")
+        return Verdict(False, f"ours: faster at every {dtype_text} row length measured ({source})")
     if columns is None:
         return Verdict(False, f"ours: the row length is not static (onnxruntime's op is faster up to {limit} "
-                              f"{dtype_text} elements, {MEASURED_ON})")
+                              f"{dtype_text} elements, {source})")
     if columns <= limit:
         return Verdict(True, f"onnxruntime's op: faster on rows of up to {limit} {dtype_text} elements, these have "
-                             f"{columns} ({MEASURED_ON})")
+                             f"{columns} ({source})")
     return Verdict(False, f"ours: faster on rows of more than {limit} {dtype_text} elements, these have {columns} "
-                          f"({MEASURED_ON})")
+                          f"({source})")
 
 
 def row_length(shape: ir.Shape | None, axis: int) -> int | None:
@@ -71,9 +82,17 @@ class AutoTarget(Target):
     norm_op = OURS_RMSNORM
     converts = (*NORM_OPS, *SKIP_NORM_OPS)
 
-    def __init__(self) -> None:
+    def __init__(self, table: AutoTable | None = None) -> None:
+        """``table``: the one to choose by; by default :func:`current_table`, read when first needed."""
         self._ours, self._ort = CustomTarget(), OrtTarget()
         self.skip = self._ours.skip
+        self._table = table
+
+    @property
+    def table(self) -> AutoTable:
+        if self._table is None:
+            self._table = current_table()
+        return self._table
 
     @property
     def emits(self) -> tuple[str, ...]:
@@ -84,7 +103,7 @@ class AutoTarget(Target):
         return (OURS_RMSNORM, ORT_SIMPLIFIED_LAYER_NORM)
 
     def adapt(self, spec, graph_like, model, facts):
-        verdict = choose(RMSNORM, spec.x_dtype, row_length(spec.x_shape, spec.axis))
+        verdict = choose(RMSNORM, spec.x_dtype, row_length(spec.x_shape, spec.axis), self.table)
         reason = verdict.reason
         if verdict.onnxruntime:
             try:
@@ -108,13 +127,13 @@ class AutoTarget(Target):
         if dtype in SIXTEEN_BIT:  # the graph's Add rounds the sum; onnxruntime's 16-bit op normalizes it unrounded
             return [(self._ours.skip, f"ours: onnxruntime's {dtype_name(dtype)} residual op normalizes the float32 "
                                       "sum, the graph the sum its Add rounded")]
-        verdict = choose(SKIP_RMSNORM, dtype, length)
+        verdict = choose(SKIP_RMSNORM, dtype, length, self.table)
         ours = (self._ours.skip, verdict.reason if not verdict.onnxruntime else
                 "ours: onnxruntime's op would be faster but cannot express the norm")
         return [(self._ort.skip, verdict.reason), ours] if verdict.onnxruntime else [ours]
 
     def adapt_skip(self, spec: SkipSpec, graph_like, model, facts) -> SkipSpec:
-        verdict = choose(SKIP_RMSNORM, spec.dtype, row_length(spec.norm.x_shape, spec.norm.axis))
+        verdict = choose(SKIP_RMSNORM, spec.dtype, row_length(spec.norm.x_shape, spec.norm.axis), self.table)
         reason = verdict.reason
         if verdict.onnxruntime:
             try:

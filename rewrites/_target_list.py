@@ -13,6 +13,9 @@ TARGETS: dict[str, Target] = {
 
 
 def get_target(name: str) -> Target:
+    """The target ``name``; ``auto`` afresh, so that each pass reads the table in force when it runs."""
+    if name == AutoTarget.name:
+        return AutoTarget()
     try:
         return TARGETS[name]
     except KeyError:

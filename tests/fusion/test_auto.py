@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import ort_rmsnorm
+from ort_rmsnorm.auto_table import SHIPPED, AutoTable
 from ort_rmsnorm.llama import LlamaConfig, build_llama_onnx
 from ort_rmsnorm.rewrites import _auto
 from ort_rmsnorm.verify import verify
@@ -18,10 +19,14 @@ OUR_OPS = {"RMSNorm", "SkipRMSNorm"}
 LIMIT = 48  # the table below: onnxruntime's ops faster up to 48 float32 elements per row
 
 
+def use_table(monkeypatch, faster_up_to) -> None:
+    """The shipped table replaced by ``faster_up_to`` (tests/conftest.py keeps a tuned table of the machine out)."""
+    monkeypatch.setattr(_auto, "SHIPPED_TABLE", AutoTable(faster_up_to, "a test's table", SHIPPED))
+
+
 @pytest.fixture(autouse=True)
 def table(monkeypatch):
-    monkeypatch.setattr(_auto, "FASTER_UP_TO", {"RMSNorm": {"float32": LIMIT}, "SkipRMSNorm": {"float32": LIMIT}})
-    monkeypatch.setattr(_auto, "MEASURED_ON", "a test's table")
+    use_table(monkeypatch, {"RMSNorm": {"float32": LIMIT}, "SkipRMSNorm": {"float32": LIMIT}})
 
 
 def _llama(hidden: int, dtype: str = "float32"):
@@ -86,7 +91,7 @@ def test_ours_where_onnxruntimes_op_cannot_express_the_norm():
 def test_a_16_bit_residual_takes_ours_whatever_the_table(monkeypatch):
     """The graph's float16 Add rounds the sum; onnxruntime's float16 residual op normalizes it unrounded: ours, even
     where the table would say onnxruntime's is faster."""
-    monkeypatch.setattr(_auto, "FASTER_UP_TO", {"RMSNorm": {"float16": LIMIT}, "SkipRMSNorm": {"float16": LIMIT}})
+    use_table(monkeypatch, {"RMSNorm": {"float16": LIMIT}, "SkipRMSNorm": {"float16": LIMIT}})
     original = _llama(32, "float16")
     fused, report = ort_rmsnorm.fuse(original, "auto")
     residual = [fusion for fusion in report.fusions if "Skip" in fusion.op_type]
@@ -105,7 +110,7 @@ def test_rows_of_unknown_length_take_ours():
 
 
 def test_the_table_is_the_measured_one():
-    """The shipped table is written by benchmarks/per_call.py: every entry a positive row length of a type the
+    """The shipped table is written by benchmarks/cold_call.py: every entry a positive row length of a type the
     ops take, for our two ops."""
     from ort_rmsnorm.rewrites import _auto_table
 
