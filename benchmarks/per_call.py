@@ -4,10 +4,8 @@
     cmake --build build/kernel-tests --target ort_rmsnorm_call_floor
     python benchmarks/per_call.py --floor-library build/kernel-tests/libort_rmsnorm_call_floor.so
 
-The ``auto`` target's table (where onnxruntime's op is faster, per op and type) is measured and written by
-
-    python benchmarks/per_call.py --hidden 64,128,256,384,512,576,768,1024,1536,2048 \
-        --write-table rewrites/_auto_table.py
+These are warm calls, one after the other; where a decoder runs a norm (cold, right after a MatMul) is measured by
+benchmarks/cold_call.py, which also writes the ``auto`` target's shipped table.
 
 Each model is a chain of ``--chain`` stages on a [1, H] input, a stage being the contender followed by a ``Max``
 with a constant (a cheap elementwise op, as a real graph has next; ``Max`` has float16 kernels on the CPU, where
@@ -40,7 +38,6 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from ort_rmsnorm import get_library_path
-from ort_rmsnorm.bench.machine import cpu_model
 from ort_rmsnorm.contract import MS_DOMAIN, OP_DOMAIN, OP_VERSION, ORT_SIMPLIFIED_LAYER_NORM, \
     ORT_SKIP_SIMPLIFIED_LAYER_NORM, RMSNORM, SKIP_RMSNORM
 
@@ -142,30 +139,7 @@ def measure(hidden: int, dtype: str, args: argparse.Namespace) -> dict[str, floa
             runner.sample(args.calls)
     baseline = statistics.median(runners[0].samples)
     costs: dict = {r.label: (statistics.median(r.samples) - baseline) / args.chain / 1e3 for r in runners[1:]}
-    costs["_samples"] = {r.label: r.samples for r in runners[1:]}  # per repetition, for the table's comparison
     return costs
-
-
-def faster_up_to(hidden_sizes: list[int], ours: dict[int, list[float]], theirs: dict[int, list[float]]) -> int | None:
-    """The largest H, counting from the shortest up, at which onnxruntime's op was faster than ours beyond the
-    noise: in at least three of four interleaved repetitions. None when it was not at the shortest."""
-    limit = None
-    for hidden in sorted(hidden_sizes):
-        wins = sum(mine > other for mine, other in zip(ours[hidden], theirs[hidden]))
-        if wins * 4 < len(ours[hidden]) * 3:
-            break
-        limit = hidden
-    return limit
-
-
-def write_table(path: str, table: dict[str, dict[str, int]], measured_on: str) -> None:
-    with open(path) as file:
-        text = file.read()
-    head = text[: text.index("MEASURED_ON = ")]
-    with open(path, "w") as file:
-        file.write(head + f"MEASURED_ON = {measured_on!r}\nFASTER_UP_TO: dict[str, dict[str, int]] = {{\n")
-        file.writelines(f"    {op!r}: {limits!r},\n" for op, limits in table.items())
-        file.write("}\n")
 
 
 def main() -> None:
@@ -177,32 +151,18 @@ def main() -> None:
     parser.add_argument("--chain", type=int, default=64, help="stages per chain")
     parser.add_argument("--calls", type=int, default=200, help="runs per sample")
     parser.add_argument("--repetitions", type=int, default=15, help="interleaved samples per model")
-    parser.add_argument("--write-table", metavar="PATH",
-                        help="rewrite the auto target's table (rewrites/_auto_table.py) from these measurements")
     args = parser.parse_args()
     print(f"onnxruntime {ort.__version__}; microseconds per node in a chain of {args.chain}, one row, one thread, "
           f"above the chain of Maxs alone (medians of {args.repetitions} interleaved samples)\n")
-    table: dict[str, dict[str, int]] = {}
     for dtype in args.dtypes.split(","):
         hidden_sizes = [int(h) for h in args.hidden.split(",")]
         rows = {hidden: measure(hidden, dtype, args) for hidden in hidden_sizes}
-        labels = [label for label in rows[hidden_sizes[0]] if not label.startswith("_")]
+        labels = list(rows[hidden_sizes[0]])
         print(f"| {dtype}, H | " + " | ".join(labels) + " |")
         print("|---" * (len(labels) + 1) + "|")
         for hidden, costs in rows.items():
             print(f"| {hidden} | " + " | ".join(f"{costs[label]:.3f}" for label in labels) + " |")
         print()
-        for op, theirs in ((RMSNORM, ORT_SIMPLIFIED_LAYER_NORM), (SKIP_RMSNORM, ORT_SKIP_SIMPLIFIED_LAYER_NORM)):
-            limit = faster_up_to(hidden_sizes, {h: rows[h]["_samples"][op] for h in hidden_sizes},
-                                 {h: rows[h]["_samples"][theirs] for h in hidden_sizes})
-            print(f"{op} {dtype}: onnxruntime's {theirs} faster " + (f"up to H = {limit}" if limit else "at no H"))
-            if limit is not None:
-                table.setdefault(op, {})[dtype] = limit
-    if args.write_table:
-        measured_on = (f"measured on {cpu_model()}, onnxruntime {ort.__version__}, one thread, "
-                       f"{time.strftime('%Y-%m-%d')}")
-        write_table(args.write_table, table, measured_on)
-        print(f"wrote {args.write_table}: {table}")
 
 
 if __name__ == "__main__":

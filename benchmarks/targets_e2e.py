@@ -11,7 +11,7 @@ vocabulary. Float32 activations with int4 weights (onnxruntime's MatMulNBitsQuan
 
 Contenders: the original, and the model fused once per target: ``custom`` (this package's RMSNorm/SkipRMSNorm),
 ``ort`` (onnxruntime's SimplifiedLayerNormalization/SkipSimplifiedLayerNormalization), ``auto`` (per norm the op
-measured faster for its type and row length, ``rewrites/_auto_table.py``) and ``onnx`` (RMSNormalization, the model
+measured faster for its type and row length, by the table in force: ``ort_rmsnorm.auto_table``) and ``onnx`` (RMSNormalization, the model
 converted to opset 23), where the pass and the installed onnxruntime can. Every fused model's outputs (logits and
 the present keys and values) are checked against the original's with ``ort_rmsnorm.verify``'s tolerance on both
 steps before anything is timed: a mismatch stops the run.
@@ -29,7 +29,8 @@ session of the original, timed as a contender. Its distance from 1 is what diffe
 (where its weights and buffers landed in memory, for one), a noise the paired quartiles do not show: read a
 contender's difference from another against it too. ``ort/auto`` compares the two fused models directly, above 1
 when ``auto`` is faster. Where ``auto`` chose the same op for every norm as another target, its model is that
-target's, and the two columns differ by that same session noise.
+target's, and the two columns differ by that same session noise. ``--compare-library OLD.so`` adds the ``custom``
+model run with another build of the library, side by side: a change to the library, end to end.
 
 Progress goes to stderr, the tables to stdout (and with ``--out`` to a markdown file with the machine's description).
 """
@@ -55,12 +56,13 @@ from ort_rmsnorm import fuse_file, int4, model_io, runtime, verify
 from ort_rmsnorm.bench.e2e_int4 import model_shape
 from ort_rmsnorm.bench.machine import load_average, load_note, machine_info, machine_line
 from ort_rmsnorm.bench.timing import clock_function, clock_name
-from ort_rmsnorm.contract import AUTO, CUSTOM, ONNX, ORT
+from ort_rmsnorm.contract import AUTO, CUSTOM, DEFAULT_TARGET, ONNX, ORT
 from ort_rmsnorm.demo import DEMO_CONFIG
 from ort_rmsnorm.llama import LlamaConfig, build_llama_onnx
 
 TARGETS = (CUSTOM, ORT, AUTO, ONNX)
 CONTROL = "original again"
+COMPARED = "custom, compared library"  # the custom model on --compare-library
 # The fused ops as the report names them, short.
 OP_NAMES = {"ort_rmsnorm.RMSNorm": "ours", "ort_rmsnorm.SkipRMSNorm": "ours Skip",
             "SimplifiedLayerNormalization": "ort", "com.microsoft.SkipSimplifiedLayerNormalization": "ort Skip",
@@ -192,21 +194,30 @@ def rounds_for(sessions: list, feeds: dict[str, np.ndarray], runs: int, seconds:
     return max(runs, int(seconds / (time.perf_counter() - start)))
 
 
+def session(path: Path, threads: int, library: str | None):
+    """A timing session of ``path``, with this package's library or with ``library``."""
+    options = runtime.timing_options()
+    if library:
+        options.register_custom_ops_library(library)
+    return runtime.make_session(str(path), threads=threads, options=options, custom_ops=not library)
+
+
 def time_model(model: Model, phases: dict[str, dict[str, np.ndarray]], threads: int, runs: dict[str, int],
-               seconds: float, session_sets: int) -> list:
+               seconds: float, session_sets: int, compare_library: str | None = None) -> list:
     """The rows of one model at one thread count. The rounds are split over ``session_sets`` sets of sessions, each
     opened after the one before is closed, so that no contender keeps one session's luck (or bad luck) in where
     its weights landed in memory; a second session of the original is the control for what remains. Within a set
     the turns go round in a fixed cycle, each contender after the same other one, so every set shuffles the cycle."""
     paths = {"original": model.original, CONTROL: model.original, **model.fused}
+    if compare_library and CUSTOM in model.fused:
+        paths[COMPARED] = model.fused[CUSTOM]
     names = list(paths)
     clock, rng = clock_name(threads, "auto"), np.random.default_rng(threads)
     samples = {phase: {name: [] for name in names} for phase in phases}
     counts, seconds_taken, loads = {}, collections.Counter(), collections.defaultdict(list)
     for index in range(session_sets):
         order = [names[i] for i in rng.permutation(len(names))]
-        sessions = [runtime.make_session(str(paths[name]), threads=threads, options=runtime.timing_options())
-                    for name in order]
+        sessions = [session(paths[name], threads, compare_library if name == COMPARED else None) for name in order]
         for phase, feeds in phases.items():
             start = time.perf_counter()
             if index == 0:
@@ -253,14 +264,18 @@ def auto_ops(model: Model) -> str:
 
 
 def table(rows: list[dict], models: dict[tuple[int, str], Model], threads: int) -> str:
+    columns = [CONTROL, CUSTOM, ORT, AUTO, ONNX] + ([COMPARED] if any(COMPARED in row["vs"] for row in rows) else [])
+    heads = {CONTROL: "orig/orig", CUSTOM: f"orig/custom{' (default)' if DEFAULT_TARGET == CUSTOM else ''}",
+             ORT: "orig/ort", AUTO: f"orig/auto{' (default)' if DEFAULT_TARGET == AUTO else ''}", ONNX: "orig/onnx",
+             COMPARED: "orig/custom, compared library"}
     lines = [f"**{threads} intra-op thread{'s' if threads > 1 else ''}** ({rows[0]['clock'].replace('_', ' ')})", "",
-             "| hidden | weights | phase | rounds | original ms | orig/orig | orig/custom | orig/ort | orig/auto | "
-             "orig/onnx | ort/auto | auto's ops |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| hidden | weights | phase | rounds | original ms | " + " | ".join(heads[c] for c in columns)
+             + " | ort/auto | auto's ops |", "|---|---|---|---|---|" + "---|" * len(columns) + "---|---|"]
     for row in rows:
         model = models[(row["hidden"], row["model"])]
         lines.append(f"| {row['hidden']} | {row['model']} | {row['phase']} | {row['runs']} | "
                      f"{row['original_ms']:.2f} | "
-                     + " | ".join(cell(row["vs"].get(target)) for target in (CONTROL, CUSTOM, ORT, AUTO, ONNX))
+                     + " | ".join(cell(row["vs"].get(target)) for target in columns)
                      + f" | {cell(row.get('ort_over_auto'))} | {auto_ops(model)} |")
     return "\n".join(lines)
 
@@ -292,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--past", type=int, default=128, help="cached tokens at the decode step")
     parser.add_argument("--prefill", type=int, default=64, help="tokens of the prefill")
     parser.add_argument("--targets", default=",".join(TARGETS), help="the fusion targets to compare")
+    parser.add_argument("--compare-library", metavar="PATH",
+                        help="another build of libort_rmsnorm.so: the custom model timed with it too, side by side")
     parser.add_argument("--out", type=Path, help="also write the tables and the machine's description here")
     args = parser.parse_args(argv)
     try:
@@ -333,12 +350,13 @@ def main(argv: list[str] | None = None) -> int:
             check(model, phases)
             models[(model.hidden, model.label)] = model
             for threads in thread_counts:
-                rows += time_model(model, phases, threads, runs, args.seconds, args.session_sets)
+                rows += time_model(model, phases, threads, runs, args.seconds, args.session_sets,
+                                   args.compare_library)
             for file in folder.iterdir():
                 file.unlink()
     minutes = (time.perf_counter() - start) / 60
 
-    from ort_rmsnorm.rewrites._auto_table import FASTER_UP_TO, MEASURED_ON
+    from ort_rmsnorm.rewrites._auto import current_table
 
     tables = [table([r for r in rows if r["threads"] == threads], models, threads) for threads in thread_counts]
     text = "\n\n".join(tables) + "\n"
@@ -361,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{runs['decode']} for decode and {runs['prefill']} for prefill"
             + (f", more where {args.seconds:.0f} s hold more" if args.seconds else "")
             + f", split over {args.session_sets} sets of sessions opened one after the other.", "",
-            f"The `auto` target's table: {FASTER_UP_TO} ({MEASURED_ON}).", "",
+            f"The `auto` target's table: {dict(current_table().faster_up_to)} ({current_table().describe()}).", "",
             "A cell: original / contender, the ratio of the medians (above 1: the contender is faster), in brackets "
             "the quartiles of the paired per-round ratios; **bold** where they do not straddle 1. `orig/orig`: a "
             "second session of the original as a contender, the control for what differs between two sessions of "
