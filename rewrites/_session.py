@@ -161,6 +161,11 @@ class FusionSession:
         self._add(FusedNode(node, record, list(context.nodes), outputs, context.root, [], _read(context.nodes)))
         self._learn(emitted, replaced)
 
+    def written(self, node: ir.Node | None) -> bool:
+        """Whether the pass wrote ``node`` in this run (known where the run has the model's node order): such a node
+        is never a candidate of a later phase, and its name is none the report may give."""
+        return node is not None and bool(self._order) and node not in self._order
+
     def emitted(self, value: ir.Value) -> bool:
         """Whether ``value`` is one the pass emitted in place of a value of the model."""
         return value in self._emitted
