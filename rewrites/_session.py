@@ -116,6 +116,10 @@ class FusionSession:
         entry.seen.append((self.phase, rule, list(context.nodes), met if met is not None else context.root))
         self._missed.add(anchor)
 
+    def has_anchor(self, node: ir.Node) -> bool:
+        """Whether a near miss (a rule's, or one left alone) is identified by ``node``."""
+        return node in self._anchors
+
     def has_near_miss(self, anchor: ir.Node) -> bool:
         """Whether a rule already said why the candidate identified by ``anchor`` stays."""
         return anchor in self._missed
@@ -155,6 +159,7 @@ class FusionSession:
             converted_from=converted_from,
             roundings=list(spec.roundings),
             choice=spec.choice,
+            derivation=spec.derivation,
         )
         outputs = [(new, self._facts(old) if old is not None else (None, None, None))
                    for new, old in zip(emitted, replaced)]

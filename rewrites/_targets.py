@@ -100,6 +100,8 @@ class NormSpec:
     """Why that op (``auto``), for the report."""
     opset: int | None = None
     """The default opset where the norm is emitted (for a target that writes plain ONNX ops)."""
+    derivation: str | None = None
+    """How epsilon and the scale were derived from a spelling that is not the mean square's (the L2 family)."""
 
 
 @dataclasses.dataclass
