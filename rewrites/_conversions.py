@@ -221,4 +221,9 @@ class SkipOpConversion(FusionRule):
         values = [emitted.y] + ([emitted.total] if total is not None else [])
         session.fused_norm(spec.norm, emitted.node, context, self.name, self._source, replaced, skip=True,
                            emitted=values)
+        if spec.as_adds is not None:
+            # The residual Add is no part of the op written: the report says so, naming the node of the input model.
+            reason = (f"{spec.as_adds}: written as the sum's Add and {session.target.label(emitted.node)}, the "
+                      f"residual Add not fused into {session.target.skip.op_type}")
+            session.near_miss(context, self.name, NotFusable(reason), anchor=normed.producer())
         return (emitted.y, emitted.total) if self._with_sum else emitted.y

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import ml_dtypes
+import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
@@ -19,6 +20,7 @@ from ._facts import (
     check_dropped_dims,
     check_epsilon,
     constant_array,
+    constant_scalar,
     dtype_name,
     format_shape,
     is_cast,
@@ -44,7 +46,7 @@ from ._quantized import numerator_roundings, quantized_roundings
 from ._rule import NormRule
 from ._scales import scale_spec
 from ._session import FusionSession
-from ._targets import NormSpec
+from ._targets import NormSpec, Scale
 
 
 # The output each form's pattern names (the match's root is its producer).
@@ -69,7 +71,7 @@ class RMSNormFusion(NormRule):
     def pattern(self, op, x, scale):
         # x: what the statistic is computed from. A pattern's root must be a node, so the division and factor forms
         # take any numerator (x_num) and leave the comparison with x to the check.
-        rms, inverse = rms_and_inverse(op, mean_square(op, x))
+        rms, inverse = rms_and_inverse(op, mean_square(op, x), x)
         if self.form in FACTORS:
             return self._factor_pattern(op, inverse, scale)
         if self.form in DIVISIONS:
@@ -163,9 +165,20 @@ class RMSNormFusion(NormRule):
         rank = x_shape.rank() if x_shape is not None else None
         axis = trailing_axis(reduction_axes(reduce_node, facts), rank, reduce_node)
         check_dropped_dims(reduce_node, x_shape, -axis)
-        if reduce_node.op_type not in ("ReduceMean", "GlobalAveragePool"):
+        if b.get("count") is not None:
             _check_count(b["mean_square"].producer(), b["count"], x_shape, -axis, facts)
+        sum_of_squares = b.get("count") is None and reduce_node.op_type in _SUMS
+        derivation = None
+        if b.get("root_count") is not None:  # the root of the sum scaled to the rms: sqrt(sum) / sqrt(d)
+            if not sum_of_squares:
+                raise NotFusable(
+                    f"the root of the mean square is scaled by {label(b['root_count'])}: not the rms", b["sqrt_ms"]
+                )
+            derivation = _check_root_count(b["sqrt_ms"].producer(), b["root_count"], x_shape, -axis, facts)
+            sum_of_squares = False
         epsilon, placement = _epsilon(b, rank, facts)
+        if sum_of_squares:
+            epsilon, inverse_root, derivation = _sum_of_squares(reduce_node, x_shape, -axis, epsilon, placement)
         if b.get("one") is not None and require_scalar(b["one"], "the numerator of 1/rms", facts, rank) != 1:
             raise NotFusable("Div(c, rms) with c != 1 is not the inverse of the rms", b["one"])
         if (
@@ -180,13 +193,106 @@ class RMSNormFusion(NormRule):
         if self.form in FACTORS:
             roundings += _factor_roundings(b, facts)
         scaled = scale_spec(scale, x_shape, -axis, facts)
+        if sum_of_squares:
+            scaled, how = _times_inverse_root(scaled, inverse_root, x_shape, -axis, facts.dtype(fused_x), facts)
+            derivation += f", {how}"
         entering_scale = b.get("norm_cast") or b.get("normalized")
         if scale is not None and entering_scale is not None and facts.dtype(entering_scale) in SIXTEEN_BIT:
             rounded_to = dtype_name(facts.dtype(entering_scale))
             roundings.append(f"the normalized value is rounded to {rounded_to} before the scale")
         return NormSpec(
-            fused_x, facts.dtype(fused_x), facts.shape(fused_x), axis, epsilon, placement, scaled, tuple(roundings)
+            fused_x, facts.dtype(fused_x), facts.shape(fused_x), axis, epsilon, placement, scaled, tuple(roundings),
+            derivation=derivation,
         )
+
+
+_SUMS = ("ReduceSum", "ReduceSumSquare", "ReduceL2")
+"""The reductions that sum the squares (ReduceL2: its root) rather than average them."""
+
+
+def _reduced_count(node: ir.Node, x_shape, normalized: int, what: str) -> int:
+    """The number of elements a reduction over the trailing ``normalized`` dims covers; they must be static."""
+    dims = static_dims(x_shape.dims[-normalized:]) if x_shape is not None else None
+    if dims is None:
+        raise NotFusable(
+            f"reduced dims of {format_shape(x_shape)} are not static: cannot check that {what}", node
+        )
+    return math.prod(dims)
+
+
+def _check_root_count(node: ir.Node, count: ir.Value, x_shape, normalized: int, facts) -> str:
+    """``root / c`` or ``root * c``, root the root of the sum of squares: the rms when c is sqrt(d) (or 1/sqrt(d)),
+    up to the constant's own rounding (as a mean's divisor is taken, see :func:`_check_count`). Returns how the rms
+    was derived, for the report."""
+    value = require_scalar(count, "the divisor of the root of the sum", facts, x_shape.rank() if x_shape else None)
+    elements = _reduced_count(node, x_shape, normalized, "the root of the sum is divided by the root of their count")
+    expected = math.sqrt(elements) if node.op_type == "Div" else 1.0 / math.sqrt(elements)
+    array = constant_array(count, facts)
+    is_float = array.dtype.kind == "f" or array.dtype == ml_dtypes.bfloat16
+    tolerance = float(ml_dtypes.finfo(array.dtype).eps) if is_float else 0.0
+    spelled = f"{'divided by' if node.op_type == 'Div' else 'times'} {value:g}"
+    if not math.isclose(value, expected, rel_tol=tolerance):
+        raise NotFusable(
+            f"the root of the sum of squares {spelled} is not the rms of the {elements} reduced elements "
+            f"(that needs {'sqrt' if node.op_type == 'Div' else '1/sqrt'}({elements}) = {expected:g})",
+            node,
+        )
+    exact = "" if value == expected else f" (sqrt({elements}) as the constant's type rounds it)"
+    return f"the root of the sum of squares over {elements} elements {spelled}{exact}: their rms"
+
+
+def _sum_of_squares(node: ir.Node, x_shape, normalized: int, epsilon: float, placement: str):
+    """x / sqrt(sum + eps) over d elements is x / (sqrt(d) * sqrt(mean + eps/d)): an RMSNorm with epsilon eps/d
+    (eps/sqrt(d) outside the sqrt) times 1/sqrt(d). Both must be exact: 1/sqrt(d) a power of two (d a power of
+    4) and the new epsilon a float32. Returns the epsilon, 1/sqrt(d) and how they were derived."""
+    elements = _reduced_count(node, x_shape, normalized, "the sum of squares is d times their mean")
+    exponent = elements.bit_length() - 1
+    if elements != 1 << exponent or exponent % 2:
+        raise NotFusable(
+            f"{node.op_type} {label(node)} sums the squares of {elements} elements: the norm is an RMSNorm times "
+            f"1/sqrt({elements}), which no float holds exactly (the fused op would round that scale)",
+            node,
+        )
+    inverse_root = 2.0 ** (-exponent // 2)
+    divisor = elements if placement == EPS_INSIDE else 2.0 ** (exponent // 2)
+    derived = epsilon / divisor
+    if float(np.float32(derived)) != derived:
+        raise NotFusable(
+            f"{node.op_type} {label(node)} sums the squares of {elements} elements: epsilon {epsilon:g} / {divisor:g} "
+            "is not exactly a float32",
+            node,
+        )
+    how = f"the sum of squares over {elements} elements is {elements} x their mean: "
+    if placement != EPS_NONE:
+        how += f"epsilon {epsilon:g}/{divisor:g} = {derived:g} ({placement}), "
+    how += f"scale 1/sqrt({elements}) = {inverse_root:g}"
+    return derived, inverse_root, how
+
+
+def _times_inverse_root(scaled: Scale | None, inverse_root: float, x_shape, normalized: int, x_dtype, facts):
+    """The scale times 1/sqrt(d), a power of two, as a new constant: of ones times it where the graph has no scale
+    (X's type, one element per normalized element), else the graph's constant scale times it, which must stay exact
+    in its type (no underflow). A scale computed at run time cannot take it: the norm is then fused without it."""
+    if scaled is None:
+        dims = static_dims(x_shape.dims[-normalized:])
+        constant = np.full(dims, inverse_root, dtype=x_dtype.numpy())
+        return Scale(None, constant, "1/sqrt(d) (added)", x_dtype), "in a scale of its own (exact)"
+    array = scaled.constant if scaled.value is None else constant_array(scaled.value, facts)
+    if array is None:
+        raise NotFusable(
+            f"the scale is computed at run time: the 1/sqrt(d) = {inverse_root:g} of a sum of squares cannot be "
+            "folded into it",
+            scaled.value,
+        )
+    dtype = scaled.dtype.numpy()
+    product = np.asarray(array, dtype=np.float64) * inverse_root
+    folded = product.astype(dtype)
+    if not np.array_equal(folded.astype(np.float64), product):
+        raise NotFusable(
+            f"the scale times 1/sqrt(d) = {inverse_root:g} is not exact in {dtype_name(scaled.dtype)} (it underflows)",
+            scaled.value,
+        )
+    return Scale(None, folded, f"folded {scaled.form}/sqrt(d)", scaled.dtype), "folded into the scale (exact)"
 
 
 def _statistic_roundings(b: dict, facts) -> list[str]:
@@ -385,3 +491,54 @@ def _fused_input(x: ir.Value, output: ir.Value, b: dict, facts) -> ir.Value:
     if facts.dtype(chosen) not in NORM_DTYPES:
         raise NotFusable(f"{dtype_name(facts.dtype(chosen))} input: the fused ops take float32, float16, bfloat16")
     return chosen
+
+
+# ---- reductions that no rule took ----------------------------------------------------------------------------------
+
+
+def squared_operand(node: ir.Node, facts) -> ir.Value | None:
+    """The value whose squares ``node`` reduces, or None when it reduces no square: ReduceL2 and ReduceSumSquare of
+    x; ReduceSum, ReduceMean or GlobalAveragePool of ``Mul(x, x)`` or ``Pow(x, 2)``, possibly cast."""
+    if node.domain not in ("", "ai.onnx") or not node.inputs or node.inputs[0] is None:
+        return None
+    if node.op_type in ("ReduceL2", "ReduceSumSquare"):
+        return node.inputs[0]
+    if node.op_type not in ("ReduceSum", "ReduceMean", "GlobalAveragePool"):
+        return None
+    square = _strip_casts(node.inputs[0]).producer()
+    if square is None or square.domain not in ("", "ai.onnx") or len(square.inputs) != 2:
+        return None
+    if square.op_type == "Mul" and square.inputs[0] is square.inputs[1]:
+        return square.inputs[0]
+    if square.op_type == "Pow" and constant_scalar(square.inputs[1], facts) == 2:
+        return square.inputs[0]
+    return None
+
+
+def unfused_reduction(node: ir.Node, x: ir.Value, facts) -> str:
+    """Why a reduction of squares (a norm's statistic) that no rule met stays: a LayerNorm, a clamped norm, or a
+    spelling the pass does not recognize, naming where its value goes."""
+    centered = _centered_statistic(x, node, facts)
+    if centered is not None:
+        return centered.reason
+    what = f"{node.op_type} {label(node)} of the squares of {label(x)}"
+    followers, pending, seen = [], [node.outputs[0]], set()
+    while pending:
+        value = pending.pop()
+        for user in value.consumers():
+            if user in seen:
+                continue
+            seen.add(user)
+            if user.op_type in ("Sqrt", "Cast", "CastLike", "Identity") and user.domain in ("", "ai.onnx"):
+                pending.append(user.outputs[0])
+            else:
+                followers.append(user)
+    clamps = [user for user in followers if user.op_type in ("Max", "Clip") and user.domain in ("", "ai.onnx")]
+    if clamps:
+        return (f"{what} is clamped by {clamps[0].op_type} {label(clamps[0])} (max(norm, eps), as torch's "
+                "F.normalize and tf.math.l2_normalize write it): a clamp, not an additive epsilon; the fused ops add "
+                "epsilon")
+    if not followers:
+        return f"{what}: its value is a graph output or unused, no division by the rms follows"
+    goes_to = ", ".join(f"{user.op_type} {label(user)}" for user in followers[:3])
+    return f"{what}: no norm of a spelling the pass recognizes follows (its value goes to {goes_to})"

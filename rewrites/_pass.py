@@ -14,6 +14,7 @@ from ort_rmsnorm.model_types import TypeTable, infer_types
 from ._annotations import Annotations, visiting_order
 from ._cleanup import between_phases, finish
 from ._facts import Facts, label
+from ._norm_rules import squared_operand, unfused_reduction
 from ._opset_upgrade import upgrade_default_opset
 from ._report import FusionReport
 from ._rule_set import PhasedRuleSet, build_phases
@@ -75,6 +76,7 @@ def fuse_model(
     rule_set.remove_unused_nodes = False  # the session removes exactly what the fusions made dead, nothing else
     rule_set.apply_to_model(model)
     _norm_ops_left(model, session)
+    _reductions_left(model, session)
     return finish(session, model, annotations)
 
 
@@ -111,3 +113,15 @@ def _norm_ops_left(model: ir.Model, session: FusionSession) -> None:
         else:
             reason = f"{op} {label(node)} stays: the pass does not convert it to the {target.name} target's ops"
         session.left_alone(scope.graph, node, f"Left[{op}]", reason)
+
+
+def _reductions_left(model: ir.Model, session: FusionSession) -> None:
+    """Every reduction of squares (a norm's statistic, whatever the spelling around it) that stays in the model and
+    that no rule reported goes into the report, with what follows it: no candidate is silent."""
+    for scope, node in walk(model):
+        if session.has_anchor(node):
+            continue
+        x = squared_operand(node, session.facts)
+        if x is not None:
+            reason = unfused_reduction(node, x, session.facts)
+            session.left_alone(scope.graph, node, f"Reduction[{node.op_type}]", reason)

@@ -62,6 +62,7 @@ def mean_square(op, x):
         [op.ReduceSum(square, axes, _outputs=["reduced"]), op.ReduceSumSquare(x, axes, _outputs=["reduced"])]
     )
     count = pattern.Var("count")
+    # The sum itself last: the L2 family (``tf.norm``, ``x * rsqrt(sum(x²) + eps)``), d times the mean square.
     return pattern.OrValue(
         [
             op.ReduceMean(square, axes, _outputs=["reduced"]),
@@ -69,20 +70,31 @@ def mean_square(op, x):
             op.Div(total, count),
             op.Mul(total, count),
             op.Mul(count, total),
+            total,
         ],
         name="mean_square",
     )
 
 
-def rms_and_inverse(op, mean_square):
+def rms_and_inverse(op, mean_square, x):
     """rms = sqrt(ms + eps) | sqrt(ms) + eps | sqrt(ms), and its inverse 1/rms spelled Reciprocal(rms), Div(1, rms)
     or Pow(ms + eps, -0.5). Epsilon may be either operand of its Add. Each stage of the statistic may be cast (a
     float16 model whose norm ops a converter kept in float32 casts between them): ``ms_cast``, ``eps_cast``,
-    ``rms_cast``, ``inv_cast``, checked later."""
+    ``rms_cast``, ``inv_cast``, checked later.
+
+    The L2 family: ``sqrt(ms)`` may be ``ReduceL2(x)`` (the root of a sum), and the root of a sum may be scaled to
+    the rms, ``root / c`` or ``root * c`` (``root_count``: sqrt(d) or 1/sqrt(d), checked later), as
+    ``x / (tf.norm(x, -1) / sqrt(d) [+ eps])`` is written."""
     epsilon = pattern.Var("epsilon")
     ms = _maybe_cast(op, mean_square, "ms_cast")
     with_eps = pattern.OrValue([op.Add(ms, epsilon), op.Add(epsilon, ms)], name="ms_eps")
-    sqrt_ms = op.Sqrt(ms)
+    root = pattern.OrValue(
+        [op.Sqrt(ms), op.ReduceL2(x, pattern.Var("axes", can_match_none=True), _outputs=["reduced"])], name="root"
+    )
+    root_count = pattern.Var("root_count")
+    sqrt_ms = pattern.OrValue(
+        [op.Div(root, root_count), op.Mul(root, root_count), op.Mul(root_count, root), root], name="sqrt_ms"
+    )
     rms = pattern.OrValue(
         [op.Sqrt(_maybe_cast(op, with_eps, "eps_cast")), op.Add(sqrt_ms, epsilon), op.Add(epsilon, sqrt_ms), sqrt_ms],
         name="rms",

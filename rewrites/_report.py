@@ -51,6 +51,10 @@ class Fusion:
     models")."""
     choice: Optional[str] = None
     """``auto``: why this op, ours or onnxruntime's (the measured table's verdict for its type and row length)."""
+    derivation: Optional[str] = None
+    """How epsilon and the scale were derived where the graph does not spell the mean square (the L2 family: a sum
+    of squares, or its root scaled to the rms), e.g. ``the sum of squares over 64 elements is 64 x their mean:
+    epsilon 1e-06/64 = 1.5625e-08 (eps, inside_sqrt), scale 1/sqrt(64) = 0.125 in a scale of its own (exact)``."""
 
 
 @dataclasses.dataclass

@@ -41,7 +41,7 @@ class SkipFusion(FusionRule):
     def check(self, context, a, b, total, normed, scale=None, wide_sum=None, a_wide=None, b_wide=None, **_):
         norm = normed.producer()
         facts = self._session.facts
-        if self._session.emitted(total):
+        if self._session.emitted(total) or self._session.written(total.producer()):
             # The sum's Add of a residual op this run wrote back as an Add and its norm op, where the target's
             # residual op would not compute the same thing: it stays.
             return pattern.MatchResult().fail("the pass wrote this Add for a residual op")

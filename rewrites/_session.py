@@ -116,6 +116,10 @@ class FusionSession:
         entry.seen.append((self.phase, rule, list(context.nodes), met if met is not None else context.root))
         self._missed.add(anchor)
 
+    def has_anchor(self, node: ir.Node) -> bool:
+        """Whether a near miss (a rule's, or one left alone) is identified by ``node``."""
+        return node in self._anchors
+
     def has_near_miss(self, anchor: ir.Node) -> bool:
         """Whether a rule already said why the candidate identified by ``anchor`` stays."""
         return anchor in self._missed
@@ -155,11 +159,17 @@ class FusionSession:
             converted_from=converted_from,
             roundings=list(spec.roundings),
             choice=spec.choice,
+            derivation=spec.derivation,
         )
         outputs = [(new, self._facts(old) if old is not None else (None, None, None))
                    for new, old in zip(emitted, replaced)]
         self._add(FusedNode(node, record, list(context.nodes), outputs, context.root, [], _read(context.nodes)))
         self._learn(emitted, replaced)
+
+    def written(self, node: ir.Node | None) -> bool:
+        """Whether the pass wrote ``node`` in this run (known where the run has the model's node order): such a node
+        is never a candidate of a later phase, and its name is none the report may give."""
+        return node is not None and bool(self._order) and node not in self._order
 
     def emitted(self, value: ir.Value) -> bool:
         """Whether ``value`` is one the pass emitted in place of a value of the model."""

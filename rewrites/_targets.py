@@ -100,6 +100,8 @@ class NormSpec:
     """Why that op (``auto``), for the report."""
     opset: int | None = None
     """The default opset where the norm is emitted (for a target that writes plain ONNX ops)."""
+    derivation: str | None = None
+    """How epsilon and the scale were derived from a spelling that is not the mean square's (the L2 family)."""
 
 
 @dataclasses.dataclass
@@ -123,6 +125,8 @@ class SkipSpec:
     """onnxruntime's residual op only: its gamma (a value, or the elements of a new constant)."""
     bias_input: ir.Value | np.ndarray | None = None
     """onnxruntime's residual op only: its bias."""
+    as_adds: str | None = None
+    """Why a target that has a residual op writes this one as the sum's Adds and its norm op (None: it does not)."""
 
     @property
     def wide(self) -> bool:
@@ -484,8 +488,9 @@ class OrtTarget(_StandardLikeTarget):
         and ``SimplifiedLayerNormalization``."""
         try:
             return self._as_skip_op(spec, graph_like, model, facts)
-        except NotFusable:
-            return super().adapt_skip(spec, graph_like, model, facts)
+        except NotFusable as error:
+            written = super().adapt_skip(spec, graph_like, model, facts)
+            return dataclasses.replace(written, as_adds=error.reason)
 
     def _as_skip_op(self, spec: SkipSpec, graph_like, model, facts: Facts) -> SkipSpec:
         """onnxruntime's op normalizes the float32 sum, over the last axis of a rank-2 or rank-3 input, with epsilon
@@ -493,7 +498,8 @@ class OrtTarget(_StandardLikeTarget):
         norm, op_type = spec.norm, self.skip.op_type
         shape = norm.x_shape
         if spec.dtype in SIXTEEN_BIT and not spec.float32_sum:
-            raise NotFusable(f"{op_type} normalizes the float32 sum; {spec.what} normalizes the sum rounded to the type")
+            source = spec.what.split(" ", 1)[0]  # the op, without its node: the reason is the same for every such node
+            raise NotFusable(f"{op_type} normalizes the float32 sum; {source} normalizes the sum rounded to the type")
         last_axis = shape is not None and shape.rank() in (2, 3) and norm.axis == -1
         if norm.eps_placement == EPS_OUTSIDE or not last_axis:
             raise NotFusable(f"{op_type} normalizes the last axis of a rank-2 or rank-3 input, epsilon inside the sqrt")

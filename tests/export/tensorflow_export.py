@@ -37,7 +37,17 @@ CASES = {
     "keras_rmsnorm_and_layernorm": "RMSNormalization -> Dense -> LayerNormalization -> Dense",
     "keras_layernorm": "keras_residual with LayerNormalization: must stay unfused",
     "keras_layernorm_rms_scaling": "keras_residual with LayerNormalization(rms_scaling=True): variance about the mean",
+    "tf_norm_root": "x / (tf.norm(x, axis=-1, keepdims=True) / sqrt(d)) * w: an RMSNorm with epsilon 0",
+    "tf_norm_eps_outside": "x / (tf.norm(x, axis=-1, keepdims=True) * d**-0.5 + eps) * w: epsilon outside the sqrt",
+    "tf_rsqrt_sum": "x * tf.math.rsqrt(tf.reduce_sum(tf.square(x), -1, keepdims=True) + eps) * w: eps/d, 1/sqrt(d)",
+    "tf_l2_normalize": "tf.math.l2_normalize(x, -1) * w: max(sum, eps), a clamp, never fused",
 }
+L2_CASES = ("tf_norm_root", "tf_norm_eps_outside", "tf_rsqrt_sum", "tf_l2_normalize")
+"""The L2-norm family, exported at more opsets: ReduceSum takes its axes as an input from opset 13."""
+
+
+def opsets_of(case: str) -> tuple[int, ...]:
+    return (13, 15, 17, 18) if case in L2_CASES else OPSETS
 
 
 def model_name(case: str, opset: int) -> str:
@@ -58,7 +68,7 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
     out.mkdir(parents=True, exist_ok=True)
     exporter = _Exporter(out)
-    manifest = [exporter.export(case, opset) for case in cases for opset in OPSETS]
+    manifest = [exporter.export(case, opset) for case in cases for opset in opsets_of(case)]
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return 0
 
@@ -73,6 +83,7 @@ class _Exporter:
         self.out, self.keras, self.np, self.tf, self.tf2onnx = out, keras, np, tf, tf2onnx
         self.versions = {"tensorflow": tf.__version__, "keras": keras.__version__, "tf2onnx": tf2onnx.__version__}
         self.TfRMSNorm = _hand_written_norm(keras, tf)
+        self.l2_norms = _l2_norms(keras, tf)
 
     # ---- the models ----
 
@@ -102,6 +113,9 @@ class _Exporter:
         if case in ("keras_rmsnorm", "tf_rmsnorm"):
             x = keras.Input(shape=(None, HIDDEN), name="x")
             return keras.Model(x, self._norm(case.split("_")[0])(x))
+        if case in L2_CASES:
+            x = keras.Input(shape=(None, HIDDEN), name="x")
+            return keras.Model(x, self.l2_norms[case]()(x))
         if case == "keras_two_axes":
             x = keras.Input(shape=(None, 4, HIDDEN), name="x")
             return keras.Model(x, self._norm("keras", axis=[-2, -1])(x))
@@ -180,10 +194,15 @@ class _Exporter:
     def _counted(self, model) -> dict:
         """The norms of a Keras model, from its layers; a norm is residual when its input is an Add layer's output."""
         layers = self.keras.layers
-        rms = [layer for layer in model.layers if isinstance(layer, (layers.RMSNormalization, self.TfRMSNorm))]
+        fused = tuple(self.l2_norms[case] for case in L2_CASES if case != "tf_l2_normalize")
+        rms = [layer for layer in model.layers
+               if isinstance(layer, (layers.RMSNormalization, self.TfRMSNorm, *fused))]
         residual = [layer for layer in rms if isinstance(layer.input._keras_history.operation, layers.Add)]
         layer_norms = [layer for layer in model.layers if isinstance(layer, layers.LayerNormalization)]
-        return {"rmsnorms": len(rms), "residual": len(residual), "layernorms": len(layer_norms)}
+        eps_outside = [layer for layer in model.layers if isinstance(layer, self.l2_norms["tf_norm_eps_outside"])]
+        clamped = [layer for layer in model.layers if isinstance(layer, self.l2_norms["tf_l2_normalize"])]
+        return {"rmsnorms": len(rms), "residual": len(residual), "layernorms": len(layer_norms),
+                "eps_outside": len(eps_outside), "clamped": len(clamped)}
 
 
 def _hand_written_norm(keras, tf):
@@ -197,6 +216,32 @@ def _hand_written_norm(keras, tf):
             return x * tf.math.rsqrt(tf.reduce_mean(tf.square(x), -1, keepdims=True) + EPSILON) * self.w
 
     return TfRMSNorm
+
+
+def _l2_norms(keras, tf):
+    """The L2-norm family as TensorFlow users write it, each a Keras layer with a scale ``w``."""
+
+    class _Scaled(keras.layers.Layer):
+        def build(self, input_shape):
+            self.w = self.add_weight(shape=(input_shape[-1],), initializer="ones", name="w")
+
+    class TfNormRoot(_Scaled):
+        def call(self, x):
+            return x / (tf.norm(x, axis=-1, keepdims=True) / tf.sqrt(float(x.shape[-1]))) * self.w
+
+    class TfNormEpsOutside(_Scaled):
+        def call(self, x):
+            return x / (tf.norm(x, axis=-1, keepdims=True) * float(x.shape[-1]) ** -0.5 + EPSILON) * self.w
+
+    class TfRsqrtSum(_Scaled):
+        def call(self, x):
+            return x * tf.math.rsqrt(tf.reduce_sum(tf.square(x), -1, keepdims=True) + EPSILON) * self.w
+
+    class TfL2Normalize(_Scaled):
+        def call(self, x):
+            return tf.math.l2_normalize(x, -1) * self.w
+
+    return dict(zip(L2_CASES, (TfNormRoot, TfNormEpsOutside, TfRsqrtSum, TfL2Normalize)))
 
 
 if __name__ == "__main__":

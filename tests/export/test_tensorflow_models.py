@@ -1,7 +1,9 @@
 """Real TensorFlow and Keras exports: Keras ``RMSNormalization``, a hand-written TensorFlow norm, residual blocks of
 each (also under the ``mixed_float16`` policy), a norm over two axes, a ``tf.function`` whose scale tf2onnx makes a
 graph input, and ``LayerNormalization`` (plain and ``rms_scaling=True``) as controls, exported by tf2onnx at opsets 17
-and 18 (tests/export/tensorflow_export.py, run in a subprocess), fused for each target.
+and 18 (tests/export/tensorflow_export.py, run in a subprocess), fused for each target; and the L2-norm family
+(``tf.norm(x) / sqrt(d)``, ``tf.norm(x) * d**-0.5 + eps``, ``rsqrt(reduce_sum(x²) + eps)``, and
+``tf.math.l2_normalize``, a clamp that stays) at opsets 13, 15, 17 and 18.
 
 For each model and target: every RMSNorm the Keras model has (counted from its layers) is fused, those of a residual
 sum with their Add where the target has a residual op, no LayerNorm is fused and each is in the report with its
@@ -23,7 +25,7 @@ import numpy as np
 import onnx
 import pytest
 
-from export.tensorflow_export import CASES, OPSETS, model_name
+from export.tensorflow_export import CASES, model_name, opsets_of
 from fusion.norm_graphs import check_model
 from ort_rmsnorm import model_io, verify
 from ort_rmsnorm.fusion import FusionReport, fuse_model
@@ -32,7 +34,7 @@ from ort_rmsnorm.runtime import make_session, run
 pytestmark = pytest.mark.tensorflow
 
 SCRIPT = Path(__file__).with_name("tensorflow_export.py")
-NAMES = [model_name(case, opset) for case in CASES for opset in OPSETS]
+NAMES = [model_name(case, opset) for case in CASES for opset in opsets_of(case)]
 TARGET_OPS = {
     "custom": ("RMSNorm", "SkipRMSNorm"),
     "ort": ("SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization"),
@@ -101,6 +103,10 @@ def test_every_rmsnorm_is_fused_and_no_layernorm(fused_export, name, target):
     source, output, report = fused_export(name, target)
     entry = source.entry
     norms, residual, layer_norms = entry["rmsnorms"], entry["residual"], entry["layernorms"]
+    # Epsilon outside the sqrt (tf.norm * d**-0.5 + eps) only our op expresses; tf.math.l2_normalize is a clamp.
+    outside = entry.get("eps_outside", 0) if target != "custom" else 0
+    clamped = entry.get("clamped", 0)
+    norms -= outside
     norm_op, skip_op = TARGET_OPS[target]
     skips = residual if skip_op is not None else 0
     before, after = _ops(source.path), _ops(output)
@@ -110,9 +116,14 @@ def test_every_rmsnorm_is_fused_and_no_layernorm(fused_export, name, target):
     assert after[norm_op] == norms - skips and (skip_op is None or after[skip_op] == skips), report.summary()
     # Each RMSNorm was one Sqrt's decomposition: those are gone, the LayerNorms' stay, with their centering.
     assert before["Sqrt"] - after["Sqrt"] == norms
-    assert after["Sqrt"] == layer_norms and before["Sub"] == after["Sub"] == layer_norms
-    # Nothing is silent: every LayerNorm is in the report with its reason, and nothing else is.
-    assert [entry.reason for entry in report.skipped] == [LAYERNORM] * layer_norms, report.summary()
+    assert after["Sqrt"] == layer_norms + outside + clamped and before["Sub"] == after["Sub"] == layer_norms
+    # Nothing is silent: every LayerNorm is in the report with its reason, and so is every norm left, and nothing else.
+    reasons = [entry.reason for entry in report.skipped]
+    assert reasons.count(LAYERNORM) == layer_norms and len(reasons) == layer_norms + outside + clamped, report.summary()
+    assert sum("epsilon is added outside the sqrt" in reason for reason in reasons) == outside, report.summary()
+    assert sum("a clamp, not an additive epsilon" in reason for reason in reasons) == clamped, report.summary()
+    derived = [fusion.derivation for fusion in report.fusions if fusion.derivation is not None]
+    assert len(derived) == (norms if entry["case"] in ("tf_norm_root", "tf_norm_eps_outside", "tf_rsqrt_sum") else 0)
     check_model(onnx.load(output), ort_default_ops=target == "ort")
 
 

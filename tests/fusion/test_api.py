@@ -138,6 +138,7 @@ def test_report_json_and_summary():
         "converted_from",
         "roundings",
         "choice",
+        "derivation",
     }
     assert (fusion["op_type"], fusion["location"], fusion["scale"], fusion["skip"], fusion["converted_from"]) == (
         "ort_rmsnorm.RMSNorm",

@@ -112,6 +112,28 @@ def test_the_float32_sum_of_16_bit_inputs_takes_onnxruntimes_residual_op():
         assert [node.op_type for node in back.graph.node if node.op_type != "Constant"] == ops
 
 
+def test_residual_norms_written_as_adds_are_reported_by_their_own_names():
+    """A float16 model fused to our ops, then to ``ort``: each 16-bit SkipRMSNorm (the rounded sum) becomes its sum's
+    Adds and SimplifiedLayerNormalization, and each is in the report, named as in the model fused by ``custom``; no
+    entry names a node that neither model has (such as an Add this run wrote)."""
+    from fusion.test_residual import llama_block
+
+    model = llama_block(np.float16, layers=2)
+    fused, _ = ort_rmsnorm.fuse(model)
+    skips = [node.name for node in fused.graph.node if node.op_type == "SkipRMSNorm"]
+    assert len(skips) == 4
+    back, report = ort_rmsnorm.fuse(fused, "ort")
+    names = {node.name for graph in (fused.graph, back.graph) for node in graph.node}
+    assert sorted(name for entry in report.skipped for name in entry.nodes) == sorted(skips), report.summary()
+    for entry in report.skipped:
+        assert "normalizes the sum rounded to the type: written as the sum's Add" in entry.reason
+        assert entry.fused_as in names and set(entry.nodes) <= names, entry
+    for fusion in report.fusions:
+        assert fusion.node in names and set(fusion.replaced_nodes) <= names, fusion
+    result = verify(fused, back)
+    assert result.ok, result.describe()
+
+
 def test_a_rank_4_residual_norm_is_the_add_and_simplified_layer_normalization():
     """onnxruntime's residual op normalizes rank-2 and rank-3 inputs only."""
     model = norm_model(np.float32, skip=True, sum_output=True, x_shape=(2, 2, 3, 16),
