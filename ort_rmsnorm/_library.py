@@ -177,6 +177,24 @@ def cpu_kernel_set() -> tuple[str | None, str]:
     return None, f"none of this build's sets ({', '.join(built) or 'none listed'}) registers on this CPU"
 
 
+def forced_cpu_isa_problem() -> str | None:
+    """With ``$ORT_RMSNORM_CPU_ISA`` set, why the library refuses to register (a set it does not know, or one this CPU
+    or build cannot run), as the library says it; None when it registers or the variable is unset. Asked of
+    onnxruntime in this process, before any session, so that the refusal is not taken for a fault of a model."""
+    forced = os.environ.get(CPU_ISA_ENV)
+    if not forced:
+        return None
+    options = import_onnxruntime().SessionOptions()
+    try:
+        options.register_custom_ops_library(get_library_path())
+    except Exception as error:  # onnxruntime's Fail, carrying the library's message
+        text = str(error)
+        if CPU_ISA_ENV not in text:
+            raise
+        return text[text.index(CPU_ISA_ENV):].strip().splitlines()[0]
+    return None
+
+
 def _registration_problem(library: str, isa: str) -> str | None:
     """None when the library registers with ``ORT_RMSNORM_CPU_ISA=isa`` in a fresh process, else the error."""
     import subprocess
