@@ -60,7 +60,15 @@ def __getattr__(name: str):
         import importlib
 
         module, attribute = _LAZY[name]
-        return getattr(importlib.import_module(f"{__name__}.{module}"), attribute)
+        try:
+            loaded = importlib.import_module(f"{__name__}.{module}")
+        except ModuleNotFoundError as error:
+            if error.name != "onnxruntime":
+                raise
+            from ._library import ONNXRUNTIME_MISSING
+
+            raise ModuleNotFoundError(ONNXRUNTIME_MISSING, name="onnxruntime") from None
+        return getattr(loaded, attribute)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

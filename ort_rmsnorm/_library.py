@@ -14,6 +14,23 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # onnxruntime is imported where a session needs it: the command line's --help and --version do not
     import onnxruntime as ort
 
+# The package requires no onnxruntime distribution (pyproject.toml's `cpu` extra): the one the user has is kept.
+ONNXRUNTIME_MISSING = (
+    "no onnxruntime is installed; ort-rmsnorm runs in the one you choose: pip install 'ort-rmsnorm[cpu]' "
+    "(onnxruntime, CPU), or pip install onnxruntime-gpu (CUDA) or another onnxruntime build")
+
+
+def import_onnxruntime():
+    """The ``onnxruntime`` module; without one, :data:`ONNXRUNTIME_MISSING` as the ModuleNotFoundError's message."""
+    try:
+        import onnxruntime
+    except ModuleNotFoundError as error:
+        if error.name != "onnxruntime":
+            raise
+        raise ModuleNotFoundError(ONNXRUNTIME_MISSING, name="onnxruntime") from None
+    return onnxruntime
+
+
 _LIBRARY_NAMES = {"linux": "libort_rmsnorm.so", "darwin": "libort_rmsnorm.dylib", "win32": "ort_rmsnorm.dll"}
 LIBRARY_ENV = "ORT_RMSNORM_LIBRARY"
 
@@ -31,11 +48,41 @@ def get_library_path() -> str:
     for path in (directory / name for directory in package_dirs):
         if path.is_file():
             return str(path)
+    source = _source_tree(package_dirs)
+    if source is not None:
+        installed = _installed_library(name)
+        raise FileNotFoundError(
+            f"ort_rmsnorm was imported from the source tree {source}, which has no built library "
+            f"(the current directory comes first on Python's path"
+            f"{f' and hides the installed package, {Path(installed).parent}' if installed else ''}): run from another "
+            "directory, or install in editable mode (pip install --no-build-isolation -e .; DEVELOPERS.md), "
+            "which builds the library for the source tree")
     raise FileNotFoundError(
         f"the ort_rmsnorm custom-op library {name} is missing from {[str(d) for d in package_dirs]}. "
         "Install the package with "
         f"'pip install .' (which builds it), or point {LIBRARY_ENV} at a libort_rmsnorm built with CMake."
     )
+
+
+def _source_tree(package_dirs: list[Path]) -> Path | None:
+    """The checkout whose ``ort_rmsnorm/`` was imported (a package directory beside the project's pyproject.toml and
+    C++ sources), or None for an installed package."""
+    for directory in package_dirs:
+        checkout = directory.resolve().parent
+        if (checkout / "pyproject.toml").is_file() and (checkout / "custom_op_src").is_dir():
+            return directory
+    return None
+
+
+def _installed_library(name: str) -> str | None:
+    """The library of the installed distribution, wherever the imported package came from; None when there is none."""
+    import importlib.metadata
+
+    try:
+        path = importlib.metadata.distribution("ort-rmsnorm").locate_file(f"ort_rmsnorm/{name}")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    return str(path) if Path(str(path)).is_file() else None
 
 
 _registered: weakref.WeakSet = weakref.WeakSet()  # options that hold the library: a second copy fails the session
@@ -58,9 +105,7 @@ def register(options: ort.SessionOptions) -> ort.SessionOptions:
 def session_options(options: ort.SessionOptions | None = None) -> ort.SessionOptions:
     """SessionOptions with the library registered: a new object, or ``options`` itself when given."""
     if options is None:
-        import onnxruntime
-
-        options = onnxruntime.SessionOptions()
+        options = import_onnxruntime().SessionOptions()
     return register(options)
 
 
@@ -130,6 +175,24 @@ def cpu_kernel_set() -> tuple[str | None, str]:
         if _UNSUPPORTED not in problem:
             return None, problem
     return None, f"none of this build's sets ({', '.join(built) or 'none listed'}) registers on this CPU"
+
+
+def forced_cpu_isa_problem() -> str | None:
+    """With ``$ORT_RMSNORM_CPU_ISA`` set, why the library refuses to register (a set it does not know, or one this CPU
+    or build cannot run), as the library says it; None when it registers or the variable is unset. Asked of
+    onnxruntime in this process, before any session, so that the refusal is not taken for a fault of a model."""
+    forced = os.environ.get(CPU_ISA_ENV)
+    if not forced:
+        return None
+    options = import_onnxruntime().SessionOptions()
+    try:
+        options.register_custom_ops_library(get_library_path())
+    except Exception as error:  # onnxruntime's Fail, carrying the library's message
+        text = str(error)
+        if CPU_ISA_ENV not in text:
+            raise
+        return text[text.index(CPU_ISA_ENV):].strip().splitlines()[0]
+    return None
 
 
 def _registration_problem(library: str, isa: str) -> str | None:

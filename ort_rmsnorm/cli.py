@@ -161,6 +161,17 @@ def add_fuse_arguments(parser: argparse.ArgumentParser) -> None:
     add_verify_input_arguments(parser)
 
 
+def check_forced_cpu_isa() -> None:
+    """A forced kernel set the library refuses, named as such before any work or output (sessions would fail on it
+    with the first model's name)."""
+    from ._library import CPU_ISA_ENV, forced_cpu_isa_problem
+
+    problem = forced_cpu_isa_problem()
+    if problem is not None:
+        raise UsageError(f"{problem}: unset {CPU_ISA_ENV} to let the library choose, or force a set "
+                         f"`{PROG} info` lists (docs/ops.md)")
+
+
 def run_fuse(args: argparse.Namespace) -> int:
     if not args.verify and (args.dim or args.inputs):
         raise UsageError("--dim and --input only set the inputs of --verify: add --verify, or leave them out")
@@ -169,6 +180,8 @@ def run_fuse(args: argparse.Namespace) -> int:
                          "that IN makes (quantization steps): compare OUT with the model before quantization "
                          "instead (docs/fusion.md, \"Quantized models\")")
     verification_inputs = read_verification_inputs(args) if args.verify else None
+    if args.verify:
+        check_forced_cpu_isa()
     if args.source.is_dir():
         return run_fuse_folder(args, verification_inputs)
     if args.replace:
@@ -251,6 +264,7 @@ def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
 def run_verify(args: argparse.Namespace) -> int:
     if args.follow_symlinks and not args.original.is_dir():
         raise UsageError("--follow-symlinks is for folders (ORIGINAL is a folder)")
+    check_forced_cpu_isa()
     return run_verification(args.original, args.fused, read_verification_inputs(args), args)
 
 
@@ -290,6 +304,7 @@ def run_demo(args: argparse.Namespace) -> int:
     defaults = demo.DEMO_CONFIG
     if args.hidden % defaults.num_heads:
         raise UsageError(f"--hidden must be a multiple of the {defaults.num_heads} attention heads")
+    check_forced_cpu_isa()
     if args.keep is not None:
         make_directory("--keep", args.keep)
     config = dataclasses.replace(defaults, num_layers=args.layers, hidden_size=args.hidden,
@@ -453,6 +468,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
 def run_bench(args: argparse.Namespace) -> int:
     from .bench.command import run_checked
 
+    check_forced_cpu_isa()
     return run_checked(args)
 
 

@@ -131,9 +131,15 @@ def make_directory(option: str, directory: Path) -> None:
 def _expected_errors() -> tuple[type[BaseException], ...]:
     from .auto_table import AutoTableError
     from .model_io import ModelFileError
-    from .verify import VerifyInputError
 
-    return (UsageError, ModelFileError, VerifyInputError, AutoTableError, FileNotFoundError)
+    errors = (UsageError, ModelFileError, AutoTableError, FileNotFoundError)
+    try:
+        from .verify import VerifyInputError
+    except ModuleNotFoundError as error:  # without onnxruntime nothing raised it: the error at hand is another
+        if error.name != "onnxruntime":
+            raise
+        return errors
+    return (*errors, VerifyInputError)
 
 
 # The API's options in the words of the command line, for the messages of the pass and the API that name them.
@@ -170,6 +176,13 @@ def run_program(build_parser: Callable[[Sequence[str]], argparse.ArgumentParser]
         return EXIT_INTERRUPTED
     except SystemExit:  # argparse's exits (--help, --version, usage errors): not through the next clause's imports
         raise
+    except ModuleNotFoundError as error:  # onnxruntime: the one dependency the package leaves to the user
+        if error.name != "onnxruntime":
+            raise
+        from ._library import ONNXRUNTIME_MISSING
+
+        _print_error(f"{name}: error: {ONNXRUNTIME_MISSING}")
+        return EXIT_USAGE
     except _expected_errors() as error:
         _print_error(f"{name}: error: {for_cli(str(error))}")
         return EXIT_USAGE

@@ -8,13 +8,15 @@ smaller, the per-node cost of a decomposed norm (seven nodes, plus the residual 
 of a decode step. Where ``onnxruntime.quantization`` cannot be imported the demo says what to install and goes on
 with the float model. Then the model is fused and verified, also for the targets ``ort`` (onnxruntime's own norm
 ops) and ``auto`` (the faster op per norm), one decode step (a forward over one token: this model has no KV cache)
-and one prefill are timed for the original and each fused model (runs interleaved, medians), and onnxruntime's
-profiler says which share of each model's kernel time its norms take.
+and one prefill are timed for the original and each distinct fused model (targets that wrote the same model are
+timed once), with a second session of the original as the control of the noise (runs interleaved, medians), and
+onnxruntime's profiler says which share of each model's kernel time its norms take.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib.util
 import statistics
 import tempfile
@@ -64,40 +66,83 @@ def build_model(path: Path, config: LlamaConfig, dtype: str, builder: str) -> st
     return f"built with onnx.helper in the dynamo exporter's spelling (opset {OPSET}; torch not used)"
 
 
+CONTROL = "original again"  # a second session of the original, timed with the others: what identical models differ by
+
+
+def same_models(paths: dict[str, Path]) -> dict[str, list[str]]:
+    """The models grouped by graph, in order: each first name of a graph with every name whose file has the same
+    graph (nodes, attributes, initializers, inputs, outputs; metadata aside). Two targets that wrote the same model
+    are one model to time: timed twice, they would only show the noise as a difference."""
+    groups: dict[bytes, list[str]] = {}
+    for name, path in paths.items():
+        graph = onnx.load(str(path)).graph
+        _without_metadata(graph)
+        groups.setdefault(hashlib.sha256(graph.SerializeToString(deterministic=True)).digest(), []).append(name)
+    return {names[0]: names for names in groups.values()}
+
+
+def _without_metadata(graph: onnx.GraphProto) -> None:
+    """Clears what does not change a run: doc strings and metadata (the pass records each fusion's rule in its node's
+    metadata, and targets name their rules apart), in subgraphs too."""
+    graph.ClearField("doc_string")
+    graph.ClearField("metadata_props")
+    for node in graph.node:
+        node.ClearField("doc_string")
+        node.ClearField("metadata_props")
+        for attribute in node.attribute:
+            for subgraph in (*([attribute.g] if attribute.HasField("g") else []), *attribute.graphs):
+                _without_metadata(subgraph)
+
+
+def deviation(ratio: float) -> float:
+    """How far a ratio of times is from 1, the same either way: 0.02 for 1.02 and for 1 / 1.02."""
+    return max(ratio, 1 / ratio) - 1
+
+
+def ratio_words(ratio: float, name: str, control: float | None = None) -> str:
+    """``original / name`` in words: "ort 2.1% slower" for 0.979 (its time 2.1% over the original's), "fused 14.5%
+    faster" for 1.145; with the control's ratio, "within the noise" when it is no farther from 1 than the control."""
+    words = f"{name} {100 * deviation(ratio):.1f}% {'faster' if ratio > 1 else 'slower'}" if ratio != 1 else \
+        f"{name} the same"
+    if control is not None and deviation(ratio) <= deviation(control):
+        words += ", within the noise"
+    return words
+
+
+def control_words(control: float) -> str:
+    """What the run can resolve, from the control's ratio (the original against a second session of itself)."""
+    return (f"the control: two sessions of one model differ by {100 * deviation(control):.1f}% in this run, so a "
+            f"ratio closer to 1 than that is noise")
+
+
 @dataclasses.dataclass
 class Timing:
-    """Seconds of the interleaved runs of each model: the original, the fused one (target custom) and, per other
-    target, its fused model."""
+    """Seconds of the interleaved runs of each model, by name: "original", :data:`CONTROL` and each distinct fused
+    model."""
 
-    original: list[float]
-    fused: list[float]
-    others: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+    samples: dict[str, list[float]]
 
     @staticmethod
     def describe(samples: list[float]) -> str:
         low, _, high = statistics.quantiles(samples, n=4) if len(samples) > 1 else samples * 3
         return f"{statistics.median(samples) * 1e3:8.3f} ms median (quartiles {low * 1e3:.3f} to {high * 1e3:.3f})"
 
-    @property
-    def speedup(self) -> float:
-        return statistics.median(self.original) / statistics.median(self.fused)
-
-    def speedup_of(self, target: str) -> float:
-        return statistics.median(self.original) / statistics.median(self.others[target])
+    def ratio(self, name: str) -> float:
+        """original / ``name``, of the medians: above 1, ``name`` is faster."""
+        return statistics.median(self.samples["original"]) / statistics.median(self.samples[name])
 
 
-def time_models(original: Path, fused: Path, feeds: dict[str, np.ndarray], runs: int, threads: int,
-                others: dict[str, Path] | None = None) -> Timing:
-    """Single runs of each model, taking turns, same session options. On one thread the calling thread does all
-    the work, and its CPU time leaves out the time other processes hold the core."""
-    others = others or {}
+def time_models(models: dict[str, Path], feeds: dict[str, np.ndarray], runs: int, threads: int) -> Timing:
+    """Single runs of each model (a session each, so a path twice is two sessions), taking turns, same session
+    options. On one thread the calling thread does all the work, and its CPU time leaves out the time other
+    processes hold the core."""
     sessions = [runtime.make_session(str(path), threads=threads, options=runtime.timing_options())
-                for path in (original, fused, *others.values())]
+                for path in models.values()]
     from .bench.timing import clock_function, clock_name
 
     clock = clock_function(clock_name(threads, "auto"))
-    original_s, fused_s, *rest = runtime.time_interleaved(sessions, feeds, runs, warmup=3, clock=clock)
-    return Timing(original_s, fused_s, dict(zip(others, rest)))
+    samples = runtime.time_interleaved(sessions, feeds, runs, warmup=3, clock=clock)
+    return Timing(dict(zip(models, samples)))
 
 
 def norm_shares(path: Path, steps: dict[str, dict[str, np.ndarray]], threads: int, prefix: Path,
@@ -187,26 +232,37 @@ def run_demo(
                 return 1
             others[target] = path
 
+        # Targets that wrote the same model are timed once, under all their names; a second session of the original
+        # is timed with them, as the control.
+        groups = same_models({"fused": fused, **others})
+        for names in groups.values():
+            if len(names) > 1:
+                log(f"\n{' and '.join(names[1:])} wrote the same model as {names[0]} (the same graph): timed once, "
+                    f"as {' = '.join(names)}")
+        paths = {"fused": fused, **others}
+        labels = {first: " = ".join(names) for first, names in groups.items()}
+        models = {"original": original, **{labels[first]: paths[first] for first in groups}, CONTROL: original}
+
         clock = "the calling thread's CPU time" if threads == 1 else "wall time"
         log(f"\ntiming: {threads} intra-op thread{'s' if threads > 1 else ''}, same session options (onnxruntime "
-            f"optimizations on), runs of the models interleaved, {clock}:")
+            f"optimizations on), runs of the models interleaved, {clock}; {CONTROL}: a second session of the "
+            "original, the control:")
         from .bench.machine import load_average, load_note
-        from .bench.tables import faster_or_slower
 
-        timings = {}
         loads = load_average()
+        width = max(map(len, models))
         for phase, phase_runs in (("decode", decode_runs), ("prefill", runs)):
-            timings[phase] = timing = time_models(original, fused, steps[phase], phase_runs, threads, others)
+            timing = time_models(models, steps[phase], phase_runs, threads)
             tokens = steps[phase]["input_ids"].shape[1]
             log(f"  {phase} ({tokens} token{'s' if tokens > 1 else ''}), {phase_runs} runs of each model:")
-            log(f"    original {Timing.describe(timing.original)}")
-            log(f"    fused    {Timing.describe(timing.fused)}")
-            for target in others:
-                log(f"    {target:<8} {Timing.describe(timing.others[target])}")
-            log(f"    original / fused: {timing.speedup:.3f} (the fused model "
-                f"{faster_or_slower(timing.speedup, 'the original')})")
-            for target in others:
-                log(f"    original / {target}: {timing.speedup_of(target):.3f}")
+            for name, samples in timing.samples.items():
+                log(f"    {name:<{width}} {Timing.describe(samples)}")
+            control = timing.ratio(CONTROL)
+            for name in models:
+                if name not in ("original", CONTROL):
+                    ratio = timing.ratio(name)
+                    log(f"    original / {name}: {ratio:.3f} ({ratio_words(ratio, name, control)})")
+            log(f"    original / {CONTROL}: {control:.3f} ({control_words(control)})")
             loads += load_average()
         if (note := load_note(loads, threads)) is not None:
             log(f"  {note}")

@@ -12,9 +12,12 @@ the model keeps its own annotations.
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import logging
-from collections.abc import Callable, Mapping
+import os
+import threading
+from collections.abc import Callable, Iterator, Mapping
 
 import onnx
 import onnx_ir as ir
@@ -226,6 +229,27 @@ def _call_without_large_initializers(call: Callable[[onnx.ModelProto], onnx.Mode
     return call(proto)
 
 
+# onnxruntime's symbolic shape inference saves a model it could not complete under this name, in the working directory,
+# before it raises; the data file is onnx's default name for the model's external data.
+SYMBOLIC_LEFTOVERS = ("sym_shape_infer_temp.onnx", "sym_shape_infer_temp.onnx.data")
+_symbolic_leftovers_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def symbolic_leftovers_removed() -> Iterator[None]:
+    """Runs onnxruntime's symbolic shape inference within it: the files it leaves in the working directory are removed
+    (those that were there before are not touched). One such run at a time, so that a file is one run's."""
+    with _symbolic_leftovers_lock:
+        before = {name for name in SYMBOLIC_LEFTOVERS if os.path.lexists(name)}
+        try:
+            yield
+        finally:
+            for name in SYMBOLIC_LEFTOVERS:
+                if name not in before:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.remove(name)
+
+
 def _symbolic_shapes(proto: onnx.ModelProto, values: Mapping[str, ir.Value]) -> tuple[dict, str | None]:
     """The main graph's types and shapes as onnxruntime's symbolic shape inference finds them (it follows dims through
     Shape, Gather, Concat and Reshape arithmetic, where ONNX's invents new symbols, and knows onnxruntime's contrib
@@ -236,7 +260,8 @@ def _symbolic_shapes(proto: onnx.ModelProto, values: Mapping[str, ir.Value]) -> 
         return {}, f"onnxruntime's symbolic shape inference is not available ({error}; pip install sympy)"
     try:
         # auto_merge=False: two different symbols are never assumed equal.
-        inferred = SymbolicShapeInference.infer_shapes(proto, auto_merge=False, guess_output_rank=False)
+        with symbolic_leftovers_removed():
+            inferred = SymbolicShapeInference.infer_shapes(proto, auto_merge=False, guess_output_rank=False)
     except Exception as error:  # noqa: BLE001 - any failure there leaves only ONNX's shapes
         return {}, f"onnxruntime's symbolic shape inference failed on this model ({error})"
     shapes = {}

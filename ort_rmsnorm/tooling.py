@@ -30,6 +30,7 @@ from typing import Callable, Iterator, Sequence
 import onnxruntime as ort
 
 from ._library import register
+from .model_types import symbolic_leftovers_removed
 from .contract import OP_DOMAIN, RMSNORM, SKIP_RMSNORM
 from .schemas import register_schemas
 
@@ -165,8 +166,9 @@ def infer_symbolic_shapes(model, int_max: int = 2**31 - 1, auto_merge: bool = Fa
     register_schemas()  # its per-node fallback is onnx's inference
     _SYMBOLIC.acquire()
     try:
-        return symbolic.infer_shapes(model, int_max=int_max, auto_merge=auto_merge,
-                                     guess_output_rank=guess_output_rank, verbose=verbose)
+        with symbolic_leftovers_removed():
+            return symbolic.infer_shapes(model, int_max=int_max, auto_merge=auto_merge,
+                                         guess_output_rank=guess_output_rank, verbose=verbose)
     finally:
         _SYMBOLIC.release()
 

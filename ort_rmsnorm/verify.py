@@ -247,6 +247,11 @@ def run_and_compare(
     try:
         original_session = _session(original, optimization, threads)
     except _ORT_ERRORS as error:
+        from ._library import forced_cpu_isa_problem
+
+        problem = forced_cpu_isa_problem()  # the library refused its forced kernel set: no fault of the model
+        if problem is not None:
+            raise VerifyInputError(problem) from None
         raise VerifyInputError(f"{_model_name(original)}: onnxruntime cannot load it: {one_line(error)}") from None
     try:
         fused_session = _session(fused, optimization, threads)

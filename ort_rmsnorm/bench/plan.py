@@ -12,7 +12,7 @@ from .cases import measure_case
 from .decode import decode_costs
 from .machine import machine_info
 from .models import CONTENDER_NAMES, CONTENDERS, DTYPES, Shape
-from .tables import format_case_line, format_decode_line
+from .tables import LEGEND, format_case_line, format_decode_line
 from .timing import clock_name
 
 HIDDEN_SIZES = (768, 1024, 2048, 4096, 5120, 8192, 16384)
@@ -48,6 +48,7 @@ def run_plan(plan: Plan, log=print) -> dict:
     contenders = [c for c in CONTENDERS if c.name in plan.contenders]
     report = {"machine": machine_info(), "plan": asdict(plan), "cases": [], "decode": [], "decode_unsupported": {}}
     started = time.perf_counter()
+    log(LEGEND)
     for threads in plan.threads:
         for dtype in plan.dtypes:
             for rows in plan.rows:

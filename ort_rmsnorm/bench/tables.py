@@ -11,6 +11,16 @@ TABLE_COLUMNS = ("copy", "rmsnorm", "ort_simplified", "onnx_rmsnorm23", "decompo
                  "add_rmsnorm", "ort_skip_simplified", "decomposed_skip")
 
 
+# What the progress lines' and the tables' shorthands mean, printed with them (docs/benchmarks.md has the method).
+LEGEND = (
+    "Legend: times are medians per call. `x1.19 copy`: the kernel's time over the fastest onnxruntime copy of the "
+    "same bytes (1.00 = as fast as copying its input to its output, the memory floor; 1.19 = 19% slower); for a skip "
+    "norm the copy is `copy2`, of both inputs into both outputs. `faster/slower than ort`, `speed-up vs SLN` and "
+    "`speed-up vs SSLN`: onnxruntime's own kernel's time over ours, SLN being its SimplifiedLayerNormalization "
+    "(`ort_simplified`, against `rmsnorm`) and SSLN its SkipSimplifiedLayerNormalization (`ort_skip_simplified`, "
+    "against `skip_rmsnorm`).")
+
+
 def time_of(case: CaseResult, column: str) -> float | None:
     if column in ("copy", "copy2"):
         return roofline_seconds(case, column)
@@ -51,7 +61,7 @@ def format_decode_line(costs: list[DecodeCost]) -> str:
 def markdown_tables(report: dict) -> str:
     """One table per (threads, dtype): microseconds per call (median), then the ratios the targets are about."""
     cases = [case_from_dict(c) for c in report["cases"]]
-    out = [machine_line(report["machine"]), ""]
+    out = [machine_line(report["machine"]), "", LEGEND, ""]
     for threads in sorted({c.threads for c in cases}):
         for dtype in DTYPES:
             group = [c for c in cases if c.threads == threads and c.dtype == dtype]

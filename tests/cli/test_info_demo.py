@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import time
 
+import numpy as np
 import onnx
 import onnxruntime
 import pytest
@@ -30,7 +31,8 @@ def test_info_with_a_missing_library_is_a_clear_error(cli, tmp_path, monkeypatch
 
 def _timings(stdout: str) -> dict[str, tuple[float, float]]:
     """phase -> (original, fused) median ms, as the demo prints them."""
-    found = re.findall(r"  (decode|prefill) \(.*\n    original +([\d.]+) ms.*\n    fused +([\d.]+) ms", stdout)
+    found = re.findall(r"  (decode|prefill) \(.*\n    original +([\d.]+) ms.*\n    fused(?: = \w+)* +([\d.]+) ms",
+                       stdout)
     return {phase: (float(original), float(fused)) for phase, original, fused in found}
 
 
@@ -75,8 +77,13 @@ def test_demo_without_torch(cli, tmp_path):
     assert "target ort: 1 x SimplifiedLayerNormalization, 4 x com.microsoft.SkipSimplifiedLayerNormalization; " \
            "verify: ok" in result.stdout, result.stdout
     assert re.search(r"target auto: .*; verify: ok", result.stdout), result.stdout
+    # Every target's ratio, in words (a target that wrote the same model as another timed once, under both names),
+    # and the control's.
     for target in ("ort", "auto"):
-        assert re.search(rf"original / {target}: [\d.]+\n", result.stdout), result.stdout
+        assert re.search(rf"original / (\w+ = )*{target}( = \w+)*: [\d.]+ \(.*{target} [\d.]+% (faster|slower)",
+                         result.stdout), result.stdout
+    assert re.search(r"original / original again: [\d.]+ \(the control: two sessions of one model differ by [\d.]+%",
+                     result.stdout), result.stdout
     # The oldest IR version its opset allows, not onnx's newest: onnxruntime 1.20 reads IR 10 at most.
     for name in names:
         model = onnx.load(tmp_path / name, load_external_data=False)
@@ -143,3 +150,40 @@ def test_default_demo_runs_in_under_two_minutes(cli):
     assert "verify: all of 1 outputs match" in result.stdout
     assert set(_timings(result.stdout)) == set(_shares(result.stdout)) == {"decode", "prefill"}
     assert elapsed < 120, f"demo took {elapsed:.0f} s"
+
+
+def _model_file(path, producer: str, epsilon: float):
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("LayerNormalization", ["x", "scale"], ["y"], epsilon=epsilon, doc_string=producer)
+    helper.set_metadata_props(node, {"rule": producer})  # as the pass records a fusion's rule, per target
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+                              [onnx.numpy_helper.from_array(np.ones(4, np.float32), "scale")])
+    model = helper.make_model(graph, producer_name=producer, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, path)
+    return path
+
+
+def test_demo_times_a_model_two_targets_wrote_once(tmp_path):
+    """Targets whose files hold the same graph (metadata aside) are one model; an attribute apart makes another."""
+    from ort_rmsnorm import demo
+
+    paths = {"fused": _model_file(tmp_path / "fused.onnx", "custom", 1e-5),
+             "ort": _model_file(tmp_path / "ort.onnx", "ort", 1e-6),
+             "auto": _model_file(tmp_path / "auto.onnx", "auto", 1e-5)}
+    assert demo.same_models(paths) == {"fused": ["fused", "auto"], "ort": ["ort"]}
+    assert demo.same_models({"ort": paths["ort"], "fused": paths["fused"]}) == {"ort": ["ort"], "fused": ["fused"]}
+
+
+def test_demo_ratios_in_words():
+    from ort_rmsnorm import demo
+
+    assert demo.ratio_words(0.979, "ort") == f"ort {100 * (1 / 0.979 - 1):.1f}% slower" == "ort 2.1% slower"
+    assert demo.ratio_words(1.145, "fused = auto") == "fused = auto 14.5% faster"
+    assert demo.ratio_words(1.0, "auto") == "auto the same"
+    # Against the control's deviation from 1, either way.
+    assert demo.ratio_words(0.979, "ort", control=1.03) == "ort 2.1% slower, within the noise"
+    assert demo.ratio_words(0.979, "ort", control=1 / 1.03) == "ort 2.1% slower, within the noise"
+    assert demo.ratio_words(1.145, "fused", control=1.03) == "fused 14.5% faster"
+    assert "differ by 3.0% in this run" in demo.control_words(1 / 1.03)

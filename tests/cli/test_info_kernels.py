@@ -99,3 +99,20 @@ def test_info_says_whether_the_cuda_kernels_can_run():
 ])
 def test_cuda_line(built, provider, expected):
     assert expected in cli_module._cuda_line(built, provider, "80;90")
+
+
+@pytest.mark.parametrize("forced", ["bogus", "neon" if platform.machine() == "x86_64" else "avx2"])
+def test_forced_set_the_library_refuses_is_named_before_any_output(small_llama, forced):
+    """A forced set the library will not run (unknown, or of another architecture) is the error, said first: not
+    blamed on the input model, and `fuse --verify` writes nothing."""
+    destination = small_llama.with_name("fused.onnx")
+    commands = [["fuse", small_llama, destination, "--verify"], ["verify", small_llama, small_llama]]
+    for command in commands:
+        result = subprocess.run([sys.executable, "-m", "ort_rmsnorm.cli", *map(str, command)], capture_output=True,
+                                text=True, env=_env(ORT_RMSNORM_CPU_ISA=forced), timeout=300)
+        assert result.returncode == 2, result
+        lines = result.stderr.strip().splitlines()
+        expected = f"ort-rmsnorm {command[0]}: error: ORT_RMSNORM_CPU_ISA={forced}: "
+        assert len(lines) == 1 and lines[0].startswith(expected), result.stderr
+        assert str(small_llama) not in lines[0] and "unset ORT_RMSNORM_CPU_ISA" in lines[0], lines[0]
+        assert not destination.exists()
