@@ -17,6 +17,7 @@ Modules, each importing only those above it in this list:
 - ``cases``: one case measured, its medians and ratios
 - ``profile``: reading onnxruntime's profiles (node kernel times by run, norm shares)
 - ``decode``: per-node costs at decode sizes (profiler and chain differencing)
+- ``cold``: one norm's cost per call where a decoder runs it, right after a MatMul (the profiler)
 - ``machine``: the machine a run ran on
 - ``tables``, ``plots``: the kernel benchmark's markdown and plot
 - ``plan``: what a kernel benchmark run measures, and the run
@@ -27,6 +28,7 @@ Modules, each importing only those above it in this list:
 - ``e2e_int4``: ``--e2e int4``, int4 models of a transformers Llama with a KV cache
 - ``genai``: tiny onnxruntime-genai folders from random-weight Hugging Face models (benchmarks/genai_e2e.py, the
   deployment tests)
+- ``tune``: ``ort-rmsnorm tune``, the ``auto`` target's table of this machine, from ``cold``
 - ``command``: what ``ort-rmsnorm bench`` runs; ``__main__``: ``python -m ort_rmsnorm.bench``
 
 This package's ``__init__`` imports nothing, so that the command line can read the options without loading

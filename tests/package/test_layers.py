@@ -33,6 +33,7 @@ LAYERS = {
     "ort_rmsnorm.shape_refinement": LEAF,
     "ort_rmsnorm.model_types": LEAF,
     "ort_rmsnorm.schemas": LEAF,
+    "ort_rmsnorm.auto_table": LEAF,
     "ort_rmsnorm.rewrites": PASS,
     "ort_rmsnorm.fusion": API,
     "ort_rmsnorm.folders": API,
