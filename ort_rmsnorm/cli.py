@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from pathlib import Path
 from typing import Callable, Sequence
@@ -54,13 +55,22 @@ def _name_value(text: str, option: str) -> tuple[str, str]:
     return name, value
 
 
+_MAX_DIM_DIGITS = 19
+"""No dim's size has more digits (numpy's largest, 2**63 - 1, has 19): a longer one is refused before it is converted
+(:data:`ort_rmsnorm.feeds.MAX_DIM_SIZE` bounds the value when the inputs are made)."""
+
+
 def parse_dims(items: Sequence[str]) -> dict[str, int]:
     dims = {}
     for item in items:
         name, value = _name_value(item, "--dim")
-        if not value.isdigit():
-            raise UsageError(f"--dim {item!r}: the size must be a non-negative integer")
-        dims[name] = int(value)
+        if not (value.isascii() and value.isdigit()):
+            raise UsageError(f"--dim {printable(item[:100])!r}: the size must be a non-negative integer")
+        significant = value.lstrip("0") or "0"
+        if len(significant) > _MAX_DIM_DIGITS:
+            raise UsageError(f"--dim {printable(name[:100])}: the size has {len(significant)} digits, more than any "
+                             "dim's size")
+        dims[name] = int(significant)
     return dims
 
 
@@ -77,6 +87,38 @@ def _output_file(text: str) -> Path:
     if text and not path.parent.is_dir():
         raise argparse.ArgumentTypeError(f"{path}: the directory {path.parent} does not exist")
     return path
+
+
+def _output_text(text: str) -> str:
+    """OUT as given (:func:`_output_file`'s checks): a trailing ``/`` says a folder is meant, which a Path drops."""
+    _output_file(text)
+    return text
+
+
+REPORT_TO_STDOUT = "-"
+"""``--report -``: the report is printed on stdout (the other lines go to stderr)."""
+_STDOUT_SPELLINGS = (REPORT_TO_STDOUT, "/dev/stdout", "/proc/self/fd/1")
+
+
+def _report_output(text: str) -> Path | str:
+    """``--report``: a file (:func:`_output_file`), or :data:`REPORT_TO_STDOUT` for ``-`` and ``/dev/stdout``, which
+    name the standard output: the report is printed there, never a file renamed over the link."""
+    return REPORT_TO_STDOUT if text in _STDOUT_SPELLINGS else _output_file(text)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _check_input(path: Path, what: str) -> None:
+    """A missing input is said at once, before the seconds of imports and loading that precede reading it."""
+    if not os.path.lexists(path):
+        raise UsageError(f"{path}: no such file or folder ({what})")
+    if not path.exists():
+        raise UsageError(f"{path}: a symbolic link to nothing ({what})")
 
 
 def add_verify_input_arguments(parser: argparse.ArgumentParser) -> None:
@@ -104,28 +146,31 @@ def read_verification_inputs(args: argparse.Namespace) -> VerificationInputs:
                               load_npy_inputs(dict(_name_value(item, "--input") for item in args.inputs)))
 
 
-def run_verification(original: Path, fused: Path, inputs: VerificationInputs, args: argparse.Namespace) -> int:
+def run_verification(original: Path, fused: Path, inputs: VerificationInputs, args: argparse.Namespace,
+                     out=None) -> int:
+    """Compares and prints the result on ``out`` (default stdout)."""
     from . import verify
 
     if original.is_dir():
-        return run_folder_verification(original, fused, inputs, args)
+        return run_folder_verification(original, fused, inputs, args, out)
     try:
         result = verify.verify(original, fused, dims=inputs.dims, inputs=inputs.arrays, seed=args.seed,
                                optimization=args.optimization)
     except verify.FusedModelError as error:
-        print(printable_lines(f"verify: MISMATCH: {error}"))
+        print(printable_lines(f"verify: MISMATCH: {error}"), file=out)
         return EXIT_MISMATCH
-    print(printable_lines(result.describe()))
+    print(printable_lines(result.describe()), file=out)
     return EXIT_OK if result.ok else EXIT_MISMATCH
 
 
-def run_folder_verification(original: Path, fused: Path, inputs: VerificationInputs, args: argparse.Namespace) -> int:
+def run_folder_verification(original: Path, fused: Path, inputs: VerificationInputs, args: argparse.Namespace,
+                            out=None) -> int:
     from .folders import verify_folder
 
     result = verify_folder(original, fused, dims=inputs.dims, inputs=inputs.arrays, seed=args.seed,
                            optimization=args.optimization, follow_symlinks=args.follow_symlinks,
                            progress=Progress(args.quiet).stage)
-    print(printable_lines(result.describe()))
+    print(printable_lines(result.describe()), file=out)
     return EXIT_OK if result.ok else EXIT_MISMATCH
 
 
@@ -136,7 +181,7 @@ def add_fuse_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", type=Path, metavar="IN",
                         help="model to fuse (IN.onnx), or a folder of models: an onnxruntime-genai folder or any "
                              "folder of .onnx files (never modified)")
-    parser.add_argument("destination", type=_output_file, metavar="OUT",
+    parser.add_argument("destination", type=_output_text, metavar="OUT",
                         help="fused model, written atomically, external data going to OUT.onnx.data; for a folder, "
                              "the output folder, written atomically, which must not exist or be empty (or, with "
                              "--replace, be a folder fuse wrote)")
@@ -149,8 +194,9 @@ def add_fuse_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--through-qdq", action="store_true",
                         help="fuse norms across the QuantizeLinear/DequantizeLinear pairs inside them (int8 QDQ "
                              "models), dropping those roundings; the pairs at a norm's input and output stay")
-    parser.add_argument("--report", type=_output_file, metavar="REPORT.json",
-                        help="write the fusion report as JSON (for a folder: one report, per model)")
+    parser.add_argument("--report", type=_report_output, metavar="REPORT.json",
+                        help="write the fusion report as JSON (for a folder: one report, per model); `-` or "
+                             "/dev/stdout: print it on stdout, the other lines going to stderr")
     parser.add_argument("--replace", action="store_true",
                         help="for a folder: replace an output folder that fuse wrote (it carries ort-rmsnorm.json "
                              "and nothing else was added to it); any other non-empty folder is refused")
@@ -179,11 +225,31 @@ def run_fuse(args: argparse.Namespace) -> int:
         raise UsageError("--verify compares OUT with IN within float tolerances, and --through-qdq drops roundings "
                          "that IN makes (quantization steps): compare OUT with the model before quantization "
                          "instead (docs/fusion.md, \"Quantized models\")")
+    parse_dims(args.dim)  # its mistakes first, then the input's
+    _check_input(args.source, "IN")
+    destination_text = args.destination
+    args.destination = Path(destination_text)
+    if args.source.is_dir():
+        if args.destination.suffix.lower() == ".onnx":
+            raise UsageError(f"{args.destination}: IN is a folder, so OUT is the output folder, and this names a "
+                             f".onnx file; name a folder (e.g. {args.destination.with_suffix('')}-fused)")
+    elif os.path.basename(destination_text) in ("", ".", ".."):  # a trailing / (which Path drops), . or ..
+        raise UsageError(f"{destination_text}: IN is a model file, so OUT is the fused model file, and this names a "
+                         f"folder; name a file (e.g. {args.destination / args.source.name})")
+    from .durable import output_problem  # a leaf: no onnx, so these are said at once too
+
+    for option, path in (("OUT", None if args.source.is_dir() else args.destination),
+                         ("--report", args.report if args.report != REPORT_TO_STDOUT else None)):
+        problem = output_problem(path) if path is not None and not _same_file(path, args.source) else None
+        if problem is not None:  # (one that is the input is refused as such, later)
+            raise UsageError(f"{option} {path}: {problem}; an output is written as a new file renamed into place, "
+                             "which would replace it: name a regular file or a new path")
     verification_inputs = read_verification_inputs(args) if args.verify else None
     if args.verify:
         check_forced_cpu_isa()
+    out = sys.stderr if args.report == REPORT_TO_STDOUT else sys.stdout
     if args.source.is_dir():
-        return run_fuse_folder(args, verification_inputs)
+        return run_fuse_folder(args, verification_inputs, out)
     if args.replace:
         raise UsageError("--replace is for folders (IN is a folder); an existing OUT.onnx is replaced anyway")
     if args.follow_symlinks:
@@ -192,18 +258,21 @@ def run_fuse(args: argparse.Namespace) -> int:
 
     note_leftover_temporaries(args.destination)
     progress = Progress(args.quiet)
-    fused = fuse_file(args.source, args.destination, args.target, report_path=args.report,
+    report_file = args.report if args.report != REPORT_TO_STDOUT else None
+    fused = fuse_file(args.source, args.destination, args.target, report_path=report_file,
                       allow_opset_upgrade=args.convert_opset, through_qdq=args.through_qdq,
                       progress=progress.stage, on_tensor_written=progress.tensors_written, wording=for_cli)
     progress.stage("done")
 
-    print(printable_lines(for_cli(fused.report.summary())))
-    print(f"wrote {args.destination}" + (f" (external data: {fused.data_file})" if fused.data_file else "")
-          + (f", report {args.report}" if args.report is not None else ""))
+    if args.report == REPORT_TO_STDOUT:
+        print(for_cli(fused.report.to_json()), flush=True)
+    print(printable_lines(for_cli(fused.report.summary())), file=out)
+    print(printable(f"wrote {args.destination}" + (f" (external data: {fused.data_file})" if fused.data_file else "")
+                    + (f", report {report_file}" if report_file is not None else "")), file=out)
     if not args.verify:
         return EXIT_OK
     progress.stage(f"verifying {args.destination} against {args.source}")
-    return run_verification(args.source, args.destination, verification_inputs, args)
+    return run_verification(args.source, args.destination, verification_inputs, args, out)
 
 
 def add_follow_symlinks_argument(parser: argparse.ArgumentParser) -> None:
@@ -223,29 +292,35 @@ def note_leftover_temporaries(destination: Path) -> None:
                         f"{destination} now); remove it when no run is writing there"), file=sys.stderr)
 
 
-def run_fuse_folder(args: argparse.Namespace, verification_inputs: VerificationInputs | None) -> int:
+def run_fuse_folder(args: argparse.Namespace, verification_inputs: VerificationInputs | None, out) -> int:
     from . import folders, model_io
 
-    if args.report is not None:
+    report_file = args.report if args.report != REPORT_TO_STDOUT else None
+    if report_file is not None:
         for folder in (args.source, args.destination):
-            if folders.inside(args.report.resolve(), folder.resolve()):
-                raise UsageError(f"--report {args.report}: may not be inside the input or output folder {folder}")
-        model_io.check_output_path(args.report, [], external_data=False)
+            if folders.inside(report_file.resolve(), folder.resolve()):
+                raise UsageError(f"--report {report_file}: may not be inside the input or output folder {folder}")
+        model_io.check_output_path(report_file, [], external_data=False)
+    if args.verify:  # the sizes verify takes from the config, checked before anything is written
+        from .folders.verify import check_verification_config
+
+        check_verification_config(args.source, follow_symlinks=args.follow_symlinks)
     note_leftover_temporaries(args.destination)
     progress = Progress(args.quiet)
     report = folders.fuse_folder(args.source, args.destination, args.target, replace=args.replace,
                                  follow_symlinks=args.follow_symlinks, allow_opset_upgrade=args.convert_opset,
                                  through_qdq=args.through_qdq,
-                                 progress=progress.stage, on_tensor_written=progress.tensors_written)
-    if args.report is not None:
-        model_io.write_text_atomically(args.report, for_cli(report.to_json()))
-    print(printable_lines(for_cli(report.summary())))
-    print(printable_lines(f"wrote {args.destination}" + (f", report {args.report}" if args.report is not None
-                                                          else "")))
+                                 progress=progress.stage, on_tensor_written=progress.tensors_written,
+                                 report_path=report_file, wording=for_cli)
+    if args.report == REPORT_TO_STDOUT:
+        print(for_cli(report.to_json()), flush=True)
+    print(printable_lines(for_cli(report.summary())), file=out)
+    print(printable_lines(f"wrote {args.destination}" + (f", report {report_file}" if report_file is not None
+                                                          else "")), file=out)
     if not args.verify:
         return EXIT_OK
     progress.stage(f"verifying {args.destination} against {args.source}")
-    return run_folder_verification(args.source, args.destination, verification_inputs, args)
+    return run_folder_verification(args.source, args.destination, verification_inputs, args, out)
 
 
 # --- verify -------------------------------------------------------------------------------------------------------
@@ -262,6 +337,9 @@ def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_verify(args: argparse.Namespace) -> int:
+    parse_dims(args.dim)  # its mistakes first, then the inputs'
+    _check_input(args.original, "ORIGINAL")
+    _check_input(args.fused, "FUSED")
     if args.follow_symlinks and not args.original.is_dir():
         raise UsageError("--follow-symlinks is for folders (ORIGINAL is a folder)")
     check_forced_cpu_isa()

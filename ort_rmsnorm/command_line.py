@@ -176,6 +176,9 @@ def run_program(build_parser: Callable[[Sequence[str]], argparse.ArgumentParser]
         return EXIT_INTERRUPTED
     except SystemExit:  # argparse's exits (--help, --version, usage errors): not through the next clause's imports
         raise
+    except UsageError as error:  # said at once: the next clause imports the modules of the other errors (seconds)
+        _print_error(f"{name}: error: {for_cli(str(error))}")
+        return EXIT_USAGE
     except ModuleNotFoundError as error:  # onnxruntime: the one dependency the package leaves to the user
         if error.name != "onnxruntime":
             raise

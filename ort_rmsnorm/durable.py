@@ -18,6 +18,7 @@ import ctypes.util
 import errno
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import Callable, Iterator
@@ -74,23 +75,86 @@ def staging_folder(output: Path) -> Path:
     return staging
 
 
-def write_file(path: Path, write: Callable[[Path], None]) -> None:
-    """Writes ``path`` with ``write(temporary)``, a file in the same directory renamed to ``path`` once complete and
-    flushed: a reader never sees a partial file, and a failure leaves an existing ``path`` as it was. The file gets
-    the permissions a plain open() gives (mkstemp's are 0600)."""
-    temporary = None
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def output_problem(path: Path) -> str | None:
+    """Why no file may be renamed over ``path``, or None: nothing there, or a regular file. Anything else would be
+    replaced by the rename or written through: a device such as ``/dev/null``, a FIFO, a socket, a directory, and a
+    symbolic link of any kind (``/dev/stdout``, a link into ``/proc/self/fd``, a link to a file elsewhere, which
+    the rename would turn into a file here); the answer says what it is."""
     try:
-        descriptor, name = tempfile.mkstemp(dir=path.parent, prefix=temporary_prefix(path))
-        os.close(descriptor)
-        temporary = Path(name)
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    if not stat.S_ISLNK(mode):
+        return f"is {_kind(mode)}, not a regular file"
+    try:
+        target_mode = os.stat(path).st_mode
+        target = "a regular file" if stat.S_ISREG(target_mode) else _kind(target_mode)
+    except OSError:
+        target = "nothing"
+    return f"is a symbolic link to {target} ({os.readlink(path)}), not a regular file"
+
+
+class NotAFileError(OSError):
+    """The output path names something other than a regular file (:func:`output_problem`): nothing was renamed over
+    it."""
+
+    def __init__(self, path: Path, problem: str):
+        super().__init__(errno.EEXIST, f"{problem}; an output is a new file renamed into place, which would replace it",
+                         str(path))
+
+
+def check_replaceable_by_file(path: Path) -> None:
+    """Raises :class:`NotAFileError` when ``path`` may not be replaced by a file (:func:`output_problem`); checked
+    again just before each rename, since what a path names may change while a run works."""
+    problem = output_problem(path)
+    if problem is not None:
+        raise NotAFileError(path, problem)
+
+
+def stage_file(path: Path, write: Callable[[Path], None]) -> Path:
+    """A complete, flushed temporary file next to ``path`` written by ``write(temporary)``, with the permissions a
+    plain open() gives (mkstemp's are 0600); :func:`commit_file` renames it to ``path``. Nothing is left on failure."""
+    descriptor, name = tempfile.mkstemp(dir=path.parent, prefix=temporary_prefix(path))
+    os.close(descriptor)
+    temporary = Path(name)
+    try:
         write(temporary)
         os.chmod(temporary, 0o666 & ~_umask())
         fsync(temporary)
-        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            temporary.unlink()
+        raise
+    return temporary
+
+
+def commit_file(temporary: Path, path: Path) -> None:
+    """Renames the staged ``temporary`` to ``path`` (never over anything but a regular file or a link:
+    :func:`check_replaceable_by_file`)."""
+    check_replaceable_by_file(path)
+    os.replace(temporary, path)
+
+
+def write_file(path: Path, write: Callable[[Path], None]) -> None:
+    """Writes ``path`` with ``write(temporary)``, a file in the same directory renamed to ``path`` once complete and
+    flushed: a reader never sees a partial file, and a failure leaves an existing ``path`` as it was."""
+    check_replaceable_by_file(path)
+    temporary = stage_file(path, write)
+    try:
+        commit_file(temporary, path)
     finally:
-        if temporary is not None:
-            with contextlib.suppress(FileNotFoundError):
-                temporary.unlink()
+        with contextlib.suppress(FileNotFoundError):
+            temporary.unlink()
 
 
 @contextlib.contextmanager
@@ -128,6 +192,8 @@ def move_into_place(staged_files: list[Path], directory: Path) -> None:
     moved: list[Path] = []
     with directory_lock(directory):
         try:
+            for staged in staged_files:
+                check_replaceable_by_file(directory / staged.name)
             if len(staged_files) > 1:
                 with contextlib.suppress(FileNotFoundError):
                     (directory / staged_files[-1].name).unlink()

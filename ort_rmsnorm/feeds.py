@@ -25,6 +25,10 @@ DEFAULT_DIM = 4
 DEFAULT_BATCH = 2
 DEFAULT_SEED = 0
 TOKEN_ID_RANGE = (1, 16)  # [low, high): valid for any vocabulary of at least 16 entries
+MAX_DIM_SIZE = int(np.iinfo(np.intp).max)
+"""The largest size numpy gives a dim (2**63 - 1 on 64-bit machines): a size from a given option, a config or a dim
+expression is checked against it before any array is made (a larger one is numpy's "maximum allowed dimension
+exceeded"); the memory inputs would take is checked after (:func:`make_inputs`)."""
 
 _ORT_TYPES = {
     "tensor(float)": np.dtype(np.float32),
@@ -56,23 +60,27 @@ def _dim_expression(name: str, known: Mapping[str, int]) -> int | None:
     """Evaluates a dim spelled as integer arithmetic of other dims (``a + b``, ``2*s0``), or None."""
 
     def evaluate(node: ast.AST) -> int:
-        if isinstance(node, ast.Constant) and isinstance(node.value, int):
-            return node.value
-        if isinstance(node, ast.Name) and node.id in known:
-            return known[node.id]
-        if isinstance(node, ast.BinOp) and type(node.op) in _DIM_OPERATORS:
-            return _DIM_OPERATORS[type(node.op)](evaluate(node.left), evaluate(node.right))
-        raise ValueError(name)
+        if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+            value = node.value
+        elif isinstance(node, ast.Name) and node.id in known:
+            value = known[node.id]
+        elif isinstance(node, ast.BinOp) and type(node.op) in _DIM_OPERATORS:
+            value = _DIM_OPERATORS[type(node.op)](evaluate(node.left), evaluate(node.right))
+        else:
+            raise ValueError(name)
+        if abs(value) > MAX_DIM_SIZE:  # every step bounded: no huge products
+            raise ValueError(name)
+        return value
 
     try:
         tree = ast.parse(name, mode="eval")
-    except SyntaxError:
+    except (SyntaxError, ValueError, MemoryError, RecursionError):  # ValueError: a literal past int's digit limit
         return None
     if isinstance(tree.body, ast.Name):
         return None
     try:
         return evaluate(tree.body)
-    except (ValueError, ZeroDivisionError):
+    except (ValueError, ZeroDivisionError, RecursionError):
         return None
 
 
@@ -115,6 +123,17 @@ def _shape_text(shape: Sequence) -> str:
     return "[" + ", ".join(str(dim) if dim not in (None, "") else "?" for dim in shape) + "]"
 
 
+def _checked_size(what: str, size) -> int:
+    """``size`` as a dim's size: an int from 0 to :data:`MAX_DIM_SIZE`, else :class:`VerifyInputError`."""
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)):
+        raise VerifyInputError(f"{what}: the size {size!r} is not an integer")
+    size = int(size)
+    if not 0 <= size <= MAX_DIM_SIZE:
+        shown = size if len(str(abs(size))) <= 30 else f"an integer of {len(str(abs(size)))} digits"
+        raise VerifyInputError(f"{what}: the size {shown} is not from 0 to {MAX_DIM_SIZE}")
+    return size
+
+
 def symbolic_dims(inputs: Sequence[ort.NodeArg]) -> list[str]:
     names: list[str] = []
     for node_arg in inputs:
@@ -128,7 +147,7 @@ def resolve_shapes(
     inputs: Sequence[ort.NodeArg], dims: Mapping[str, int], given: Mapping[str, np.ndarray]
 ) -> dict[str, tuple[int, ...]]:
     """Concrete shapes for the inputs: static dims as they are, symbolic ones from ``dims``, given arrays, defaults."""
-    known = {name: int(size) for name, size in dims.items()}
+    known = {name: _checked_size(f"--dim {name}", size) for name, size in dims.items()}
     unknown = sorted(set(known) - set(symbolic_dims(inputs)))
     if unknown:
         raise VerifyInputError(
@@ -144,12 +163,16 @@ def resolve_shapes(
         if name not in known:
             value = _dim_expression(name, known)
             known[name] = value if value is not None and value >= 0 else _default_dim(name)
-    return {
+    shapes = {
         node_arg.name: tuple(
             dim if isinstance(dim, int) else known[dim] if dim else DEFAULT_DIM for dim in node_arg.shape
         )
         for node_arg in inputs
     }
+    for node_arg in inputs:  # a model's own static dims too: -1 is how some exporters write a dynamic one
+        for axis, size in enumerate(shapes[node_arg.name]):
+            _checked_size(f"input '{node_arg.name}', dim {axis}", size)
+    return shapes
 
 
 # --- inputs -------------------------------------------------------------------------------------------------------

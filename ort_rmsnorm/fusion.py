@@ -127,7 +127,9 @@ def fuse_file(
             model has some or its weights would not fit one file. It may not be ``source`` or one of its data files
             (through any link either), and its folder must exist.
         target: ``"custom"``, ``"onnx"`` or ``"ort"``.
-        report_path: where to write the report as JSON too (atomically; not over the input or the output).
+        report_path: where to write the report as JSON too (atomically; not over the input or the output). It is
+            written before the model and renamed into place after it: when it cannot be written, neither is the model
+            (a model already renamed into place is removed).
         allow_opset_upgrade: with ``target="onnx"``, convert a model below opset 23 with onnx's version converter
             (otherwise its norms are reported as skipped).
         through_qdq: fuse norms across the QuantizeLinear/DequantizeLinear pairs inside them (an int8 QDQ model's),
@@ -156,10 +158,17 @@ def fuse_file(
     say(f"fusing (target {target})")
     report = loaded.fuse(target, allow_opset_upgrade=allow_opset_upgrade, through_qdq=through_qdq)
     say(f"writing {destination}")
-    data_file = loaded.save(destination, on_tensor_written=on_tensor_written)
-    if report_path is not None:
-        text = report.to_json()
-        model_io.write_text_atomically(report_path, wording(text) if wording else text, protected=loaded.protected)
+    if report_path is None:
+        return FusedFile(report, loaded.save(destination, on_tensor_written=on_tensor_written))
+    text = report.to_json()
+    # The report is written first and renamed last: a report that finds no room leaves no model either.
+    with model_io.staged_text(report_path, wording(text) if wording else text, protected=loaded.protected) as commit:
+        data_file = loaded.save(destination, on_tensor_written=on_tensor_written)
+        try:
+            commit()
+        except BaseException:
+            model_io.remove_written([destination, *([data_file] if data_file else [])])
+            raise
     return FusedFile(report, data_file)
 
 

@@ -22,7 +22,7 @@ import re
 import shutil
 import stat
 from pathlib import Path, PurePosixPath, PureWindowsPath
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 import onnx
 import onnx_ir as ir
@@ -474,11 +474,20 @@ def check_output_path(output: str | os.PathLike, protected: Iterable[str | os.Pa
     output = Path(output)
     if not output.parent.is_dir():
         raise ModelFileError(f"{output}: the output directory {output.parent} does not exist")
-    if output.is_dir():
-        raise ModelFileError(f"{output}: is a directory")
     protected = list(protected)
     for path in output_files(output, external_data=external_data):
+        check_output_kind(path)
         refuse_overwriting(path, protected, "the input")
+
+
+def check_output_kind(output: str | os.PathLike) -> None:
+    """Raises :class:`ModelFileError` when ``output`` names something no file may be renamed over: a device
+    (``/dev/null``), a FIFO, a socket, a directory, or a link to one (``/dev/stdout``)
+    (:func:`ort_rmsnorm.durable.output_problem`)."""
+    problem = durable.output_problem(Path(output))
+    if problem is not None:
+        raise ModelFileError(f"{output}: {problem}; an output is written as a new file renamed into place, which "
+                             "would replace it: name a regular file or a new path")
 
 
 def output_files(output: str | os.PathLike, *, external_data: bool) -> list[Path]:
@@ -567,6 +576,7 @@ def write_atomically(path: str | os.PathLike, write: Callable[[Path], None], *,
     path = Path(path)
     if not path.parent.is_dir():
         raise ModelFileError(f"{path}: the directory {path.parent} does not exist")
+    check_output_kind(path)
     refuse_overwriting(path, protected, "the input")
     try:
         durable.write_file(path, write)
@@ -577,3 +587,40 @@ def write_atomically(path: str | os.PathLike, write: Callable[[Path], None], *,
 def write_text_atomically(path: str | os.PathLike, text: str, *, protected: Iterable[Path] = ()) -> None:
     """Writes ``text`` (UTF-8) to ``path`` with :func:`write_atomically`."""
     write_atomically(path, lambda temporary: temporary.write_text(text, encoding="utf-8"), protected=protected)
+
+
+@contextlib.contextmanager
+def staged_text(path: str | os.PathLike, text: str, *, protected: Iterable[Path] = ()) -> Iterator[Callable[[], None]]:
+    """Writes ``text`` (UTF-8) to a flushed temporary next to ``path`` and yields the function that renames it into
+    place; the temporary is removed when the block ends without it. So a second output is written (a report, which
+    may find no room) before the first is published, and published only with it. :class:`ModelFileError` when it
+    cannot be written or renamed."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise ModelFileError(f"{path}: the directory {path.parent} does not exist")
+    check_output_kind(path)
+    refuse_overwriting(path, protected, "the input")
+    try:
+        temporary = durable.stage_file(path, lambda staged: staged.write_text(text, encoding="utf-8"))
+    except OSError as error:
+        raise ModelFileError(f"{path}: cannot write: {error.strerror or error}") from None
+
+    def commit() -> None:
+        try:
+            durable.commit_file(temporary, path)
+        except OSError as error:
+            raise ModelFileError(f"{path}: cannot write: {error.strerror or error}") from None
+
+    try:
+        yield commit
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            temporary.unlink()
+
+
+def remove_written(paths: Iterable[str | os.PathLike]) -> None:
+    """Removes the regular files a failed run had already renamed into place (a model, its data): nothing else."""
+    for path in paths:
+        with contextlib.suppress(OSError):
+            if stat.S_ISREG(os.lstat(path).st_mode):
+                os.unlink(path)

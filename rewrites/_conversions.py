@@ -5,6 +5,8 @@ the same thing."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
@@ -20,10 +22,14 @@ from ort_rmsnorm.contract import (
     ONNX_RMSNORM_OPSET,
     OP_DOMAIN,
     ORT_SKIP_DEFAULT_EPSILON,
+    OURS_RMSNORM,
     OURS_SKIP_RMSNORM,
+    RMSNORM,
     SKIP_RMSNORM,
+    qualified,
     unqualified,
 )
+from ort_rmsnorm.model_graphs import nodes
 
 from ._facts import (
     NORM_DTYPES,
@@ -43,6 +49,75 @@ from ._rule import FusionRule, NormRule
 from ._scales import scale_spec
 from ._session import FusionSession
 from ._targets import NormSpec, SkipSpec, default_opset
+
+
+class BrokenContract(ValueError):
+    """A node of our ops that breaks their contract (docs/ops.md): onnxruntime with the library refuses it, so no
+    target may turn it into a graph that runs."""
+
+
+def declared_dtype(value: ir.Value) -> ir.DataType | None:
+    """A value's type as the model states it (graph inputs, initializers, value infos), without inference."""
+    if value.dtype is not None:
+        return value.dtype
+    return value.const_value.dtype if value.const_value is not None else None
+
+
+def check_our_ops(model: ir.Model, dtype: Callable[[ir.Value], ir.DataType | None]) -> None:
+    """Raises :class:`BrokenContract`, naming the node and what is wrong, for the first ``RMSNorm`` or
+    ``SkipRMSNorm`` anywhere in ``model`` that breaks the contract where its attributes or known types show it: a
+    flag other than 0 or 1, an attribute of the wrong kind, an epsilon not finite and >= 0, ``normalize_float32_sum``
+    on ``RMSNorm``, X of a type the ops do not take, a scale neither X's type nor float32, a skip or bias not of X's
+    type (the types as ``dtype`` gives them). A target that converts our ops checks them first: converting such a
+    node would give it a meaning."""
+    for node in nodes(model):
+        if node.domain != OP_DOMAIN or node.op_type not in (RMSNORM, SKIP_RMSNORM):
+            continue
+        problem = _contract_problem(node, dtype)
+        if problem is not None:
+            raise BrokenContract(f"{qualified(node.domain, node.op_type)} {label(node)}: {problem}; onnxruntime "
+                                 "with the library refuses such a node, so it is not converted (docs/ops.md)")
+
+
+def _contract_problem(node: ir.Node, dtype: Callable[[ir.Value], ir.DataType | None]) -> str | None:
+    skip = node.op_type == SKIP_RMSNORM
+    flags = (EPS_OUTSIDE_SQRT, NORMALIZE_FLOAT32_SUM) if skip else (EPS_OUTSIDE_SQRT,)
+    if not skip and NORMALIZE_FLOAT32_SUM in node.attributes:
+        return f"attribute '{NORMALIZE_FLOAT32_SUM}' is {SKIP_RMSNORM}'s; {RMSNORM} has none"
+    for name in flags:
+        if name in node.attributes and int_attribute(node, name) not in (0, 1):
+            value = node.attributes[name].value
+            return f"attribute '{name}' is {value!r}, where the op takes 0 or 1"
+    if AXIS in node.attributes and int_attribute(node, AXIS) is None:
+        return f"attribute '{AXIS}' is not an int"
+    epsilon = float_attribute(node, EPSILON, DEFAULT_EPSILON)
+    if epsilon is None:
+        return f"attribute '{EPSILON}' is not a float"
+    try:
+        check_epsilon(epsilon, "", node)
+    except NotFusable as error:
+        return f"attribute '{EPSILON}': {error.reason}"
+    inputs = list(node.inputs)
+    x = inputs[0] if inputs else None
+    x_dtype = dtype(x) if x is not None else None
+    if x_dtype is None:
+        return None  # nothing more is known
+    if x_dtype not in NORM_DTYPES:
+        return f"X is {dtype_name(x_dtype)}, where the ops take float32, float16, bfloat16"
+    scale_index, bias_index = (2, 3) if skip else (1, None)
+
+    def dtype_of(index: int | None) -> ir.DataType | None:
+        value = inputs[index] if index is not None and index < len(inputs) else None
+        return dtype(value) if value is not None else None
+
+    if skip and dtype_of(1) not in (None, x_dtype):
+        return f"skip is {dtype_name(dtype_of(1))} and X {dtype_name(x_dtype)}, where skip has X's type"
+    if dtype_of(scale_index) not in (None, x_dtype, ir.DataType.FLOAT):
+        return (f"scale is {dtype_name(dtype_of(scale_index))} and X {dtype_name(x_dtype)}, where the scale has X's "
+                "type or float32")
+    if dtype_of(bias_index) not in (None, x_dtype):
+        return f"bias is {dtype_name(dtype_of(bias_index))} and X {dtype_name(x_dtype)}, where the bias has X's type"
+    return None
 
 
 class NormOpConversion(NormRule):

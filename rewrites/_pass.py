@@ -7,12 +7,22 @@ from collections.abc import Sequence
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from ort_rmsnorm.contract import DEFAULT_TARGET, NORM_OPS, OP_DOMAIN, OP_VERSION, SKIP_NORM_OPS, qualified
+from ort_rmsnorm.contract import (
+    DEFAULT_TARGET,
+    NORM_OPS,
+    OP_DOMAIN,
+    OP_VERSION,
+    OURS_RMSNORM,
+    OURS_SKIP_RMSNORM,
+    SKIP_NORM_OPS,
+    qualified,
+)
 from ort_rmsnorm.model_graphs import nodes, scopes, walk
 from ort_rmsnorm.model_types import TypeTable, infer_types
 
 from ._annotations import Annotations, visiting_order
 from ._cleanup import between_phases, finish
+from ._conversions import check_our_ops, declared_dtype
 from ._facts import Facts, label
 from ._norm_rules import squared_operand, unfused_reduction
 from ._opset_upgrade import upgrade_default_opset
@@ -68,9 +78,14 @@ def fuse_model(
     current = default_opset(model.graph, model)
     if chosen.opset is not None and allow_opset_upgrade and current < chosen.opset:
         notes += upgrade_default_opset(model, chosen.opset)
+    converts_ours = any(op in chosen.converts for op in (OURS_RMSNORM, OURS_SKIP_RMSNORM))
+    if converts_ours:  # first with the types the model states: before inference, which would warn of the same node
+        check_our_ops(model, declared_dtype)
     session = FusionSession(
         chosen, Facts(infer_types(model)), scopes(model), visiting_order(model), notes, through_qdq=through_qdq
     )
+    if converts_ours:  # then with the types inferred
+        check_our_ops(model, session.facts.dtype)
     annotations = Annotations(model)
     rule_set = PhasedRuleSet(build_phases(session), between_phases=lambda: between_phases(session))
     rule_set.remove_unused_nodes = False  # the session removes exactly what the fusions made dead, nothing else

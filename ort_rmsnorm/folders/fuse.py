@@ -178,6 +178,8 @@ def fuse_folder(
     through_qdq: bool = False,
     progress: Callable[[str], None] | None = None,
     on_tensor_written: Callable[[int, int], None] | None = None,
+    report_path: str | os.PathLike | None = None,
+    wording: Callable[[str], str] | None = None,
 ) -> FolderReport:
     """Fuses every model of the folder ``source`` (see the module docstring) into a new folder ``destination``.
 
@@ -192,6 +194,9 @@ def fuse_folder(
         allow_opset_upgrade, through_qdq: as :func:`ort_rmsnorm.fuse`.
         progress: called with one line per stage (each model loaded, fused, written).
         on_tensor_written: ``(index, total)`` while a model's external data is written.
+        report_path: where to write the report as JSON too (not inside either folder), before the folder is
+            published and renamed into place after it: when it cannot be written, the folder is not published (or
+            removed again); ``wording`` as for :func:`ort_rmsnorm.fusion.fuse_file`.
 
     Raises :class:`FolderError` for a layout it does not know, a folder entry it may not read, or an output folder it
     may not write, and :class:`~ort_rmsnorm.model_io.ModelFileError` for a model file that cannot be read.
@@ -201,6 +206,8 @@ def fuse_folder(
     layout = read_layout(source, follow_symlinks=follow_symlinks)
     check_destination(source, destination, replace=replace)
     destination = _output_folder(destination)
+    if report_path is not None:
+        model_io.check_output_path(report_path, [], external_data=False)
     report = FolderReport(str(source), str(destination), layout.kind, target)
     try:
         staging = durable.staging_folder(destination)
@@ -213,7 +220,18 @@ def fuse_folder(
         say(f"writing {destination}")
         durable.fsync_tree(staging)
         _check_complete(staging, report, layout)
-        _publish(staging, destination, report, replace=replace)
+        if report_path is None:
+            _publish(staging, destination, report, replace=replace)
+        else:
+            text = report.to_json()
+            # The report is written first and renamed last: a report that finds no room leaves no folder either.
+            with model_io.staged_text(report_path, wording(text) if wording else text) as commit:
+                _publish(staging, destination, report, replace=replace)
+                try:
+                    commit()
+                except BaseException:
+                    manifest.discard(destination)
+                    raise
     except OSError as error:  # the output's file system: full, read-only, the folder removed meanwhile
         raise FolderError(f"{destination}: cannot write the output folder: {error.strerror or error}"
                           + (f" ({error.filename})" if error.filename else "")) from None
@@ -441,7 +459,7 @@ def _write_genai_config(layout: Layout, report: FolderReport, staging: Path) -> 
     keys = {component.path: component.config_paths for component in layout.components}
     needing = {layout.session_options_path(path)
                for result in report.models if result.uses_library for path in keys[result.path]}
-    text = layout.config_text
+    edits = []
     for options_path in sorted(needing, key=path_text):
         options = genai_config.get(layout.config, options_path, None)  # an object, or absent: session_options_path
         present = options.get(LIBRARY_KEY) if options is not None else None
@@ -453,11 +471,11 @@ def _write_genai_config(layout: Layout, report: FolderReport, staging: Path) -> 
                 "onnxruntime-genai loads one custom-op library per session, so the fused model could not also load "
                 f"{report.library}")
         if options is None:
-            text = genai_config.insert_member(text, options_path[:-1], SESSION_OPTIONS,
-                                              {LIBRARY_KEY: report.library})[0]
+            edits.append((options_path[:-1], SESSION_OPTIONS, {LIBRARY_KEY: report.library}))
         else:
-            text = genai_config.insert_member(text, options_path, LIBRARY_KEY, report.library)[0]
+            edits.append((options_path, LIBRARY_KEY, report.library))
         report.config_changes.append(f"{path_text(options_path)}.{LIBRARY_KEY} = {json.dumps(report.library)}")
+    text = genai_config.insert_members(layout.config_text, edits)  # one pass, however many sections
     if report.config_changes:
         (staging / GENAI_CONFIG).write_bytes(text.encode("utf-8"))
     else:

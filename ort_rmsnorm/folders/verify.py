@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from pathlib import Path, PurePosixPath
 from typing import Callable, Mapping
 
@@ -78,36 +77,151 @@ def _symbolic_dims(model: ir.Model) -> dict[str, list[str]]:
                          for dim in (value.shape or [])] for value in model.graph.inputs}
 
 
-def _genai_default_dims(layout: Layout, component: Component, inputs: Mapping[str, list[str]]) -> dict[str, int]:
+DEFAULT_NAME_TEMPLATES = (("past_key_names", "past_key_values.%d.key"),
+                          ("past_value_names", "past_key_values.%d.value"))
+"""The config keys naming the decoder's past key/value inputs, and onnxruntime-genai's defaults (``%d``: the layer)."""
+MAX_CONFIG_SIZE = 2**31 - 1
+"""onnxruntime-genai reads ``head_size`` and ``sliding_window.window_size`` into 32-bit ints: a config size beyond is
+no size genai runs with, and verify makes no inputs of it."""
+_LAYER_DIGITS = 18
+"""A layer number of more digits is no layer a config can list (an int64): compared as such, never converted."""
+
+
+def match_template(template: str, name: str) -> str | None:
+    """Whether ``name`` is ``template`` with each ``%d`` standing for one or more ASCII digits (as
+    ``re.fullmatch(re.escape(template).replace("%d", r"([0-9]+)"))``); returns the digits of the first
+    ``%d`` as a greedy regular expression takes them (the most that still lets the rest match), ``""`` for a
+    template without ``%d``, None for no match.
+
+    Linear in ``len(name)`` per piece of the template: one pass from the end marks, for each piece, the positions
+    from which the rest of the template matches, so no choice is tried twice (a backtracking regular expression takes
+    time exponential in the number of adjacent ``%d`` when the name has many digits). onnxruntime-genai writes the
+    names with ``%d``: ASCII digits only."""
+    literals = template.split("%d")
+    holes = len(literals) - 1
+    size = len(name)
+    # rest[p]: the pieces after the current one match name[p:]; built from the last piece back to the second.
+    rest = [False] * (size + 1)
+    last = literals[-1]
+    if holes == 0:
+        return "" if name == last else None
+    start_last = size - len(last)
+    if start_last >= 0 and name.endswith(last):
+        rest[start_last] = True
+    for index in range(holes - 1, 0, -1):  # the %d before literals[index + 1], then literals[index]
+        rest = _digits_then(name, rest)
+        literal = literals[index]
+        before = [False] * (size + 1)
+        for position in range(size - len(literal) + 1):
+            if rest[position + len(literal)] and name.startswith(literal, position):
+                before[position] = True
+        rest = before
+    first = literals[0]
+    if not name.startswith(first):
+        return None
+    begin = len(first)
+    end = begin
+    found = None
+    while end < size and "0" <= name[end] <= "9":
+        end += 1
+        if rest[end]:
+            found = end
+    return name[begin:found] if found is not None else None
+
+
+def _digits_then(name: str, after: list[bool]) -> list[bool]:
+    """Positions from which one or more ASCII digits followed by a position of ``after`` match."""
+    size = len(name)
+    result = [False] * (size + 1)
+    reachable = False  # a run of digits from position + 1 reaches a position of ``after``
+    for position in range(size - 1, -1, -1):
+        if "0" <= name[position] <= "9":
+            reachable = after[position + 1] or reachable
+        else:
+            reachable = False
+        result[position] = reachable
+    return result
+
+
+def _layer(digits: str) -> int | None:
+    significant = digits.lstrip("0") or "0"
+    return int(significant) if len(significant) <= _LAYER_DIGITS else None
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheSizes:
+    """What a genai decoder's config says of its past key/value inputs, checked: the name templates, ``head_size``
+    and the sliding window (its size, and the layers it applies to: all when None)."""
+
+    templates: tuple[str, ...]
+    head_size: int | None = None
+    window_size: int | None = None
+    sliding_layers: frozenset[int] | None = None
+
+
+def _size_in_config(layout: Layout, where: tuple, value) -> int | None:
+    """An int size of the config (``where``), checked to be one verify can make inputs of; None when absent or not
+    an int (the config's own business, onnxruntime-genai's to refuse)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return None
+    if not 1 <= value <= MAX_CONFIG_SIZE:
+        shown = value if len(str(abs(value))) <= 30 else f"an integer of {len(str(abs(value)))} digits"
+        raise verify.VerifyInputError(
+            f"{layout.root / GENAI_CONFIG}: {path_text(where)} is {shown}, where verify makes the past key/value "
+            f"inputs of that size: it must be from 1 to {MAX_CONFIG_SIZE}")
+    return value
+
+
+def cache_sizes(layout: Layout) -> CacheSizes | None:
+    """The decoder's past key/value sizes from a genai folder's config (None for another folder), every value
+    checked before any input is made of it: :class:`~ort_rmsnorm.verify.VerifyInputError` naming the key."""
+    if layout.config is None:
+        return None
+    decoder = genai_config.get(layout.config, DECODER_PATH, None)
+    if not isinstance(decoder, dict):
+        return None
+    names = decoder.get("inputs")
+    names = names if isinstance(names, dict) else {}
+    templates = tuple(names[key] if isinstance(names.get(key), str) else default
+                      for key, default in DEFAULT_NAME_TEMPLATES)
+    head_size = _size_in_config(layout, (*DECODER_PATH, "head_size"), decoder.get("head_size"))
+    window = decoder.get("sliding_window")
+    window = window if isinstance(window, dict) else {}
+    window_size = _size_in_config(layout, (*DECODER_PATH, "sliding_window", "window_size"), window.get("window_size"))
+    layers = window.get("layers")
+    sliding = (frozenset(layer for layer in layers if isinstance(layer, int) and not isinstance(layer, bool))
+               if isinstance(layers, list) else None)
+    return CacheSizes(templates, head_size, window_size, sliding)
+
+
+def _genai_default_dims(sizes: CacheSizes | None, component: Component,
+                        inputs: Mapping[str, list[str]]) -> dict[str, int]:
     """Sizes a genai decoder needs that verify's generic defaults cannot guess, from the config: the past key/value
     inputs' head dim (``head_size``) and, for the layers of a sliding window, their past length (``window_size``:
     the cache of such a layer is a ring of that many positions, and onnxruntime refuses a shorter one)."""
-    if layout.config is None or DECODER_PATH not in component.config_paths:
+    if sizes is None or DECODER_PATH not in component.config_paths:
         return {}
-    decoder = genai_config.get(layout.config, DECODER_PATH)
-    names = decoder.get("inputs")
-    names = names if isinstance(names, dict) else {}
-    patterns = []
-    for key, default in (("past_key_names", "past_key_values.%d.key"),
-                         ("past_value_names", "past_key_values.%d.value")):
-        name = names.get(key)
-        patterns.append(re.escape(name if isinstance(name, str) else default).replace("%d", r"(\d+)"))
-    window = decoder.get("sliding_window")
-    window = window if isinstance(window, dict) else {}
-    sliding = window.get("layers")
-    sliding = sliding if isinstance(sliding, list) else None
     dims = {}
     for name, shape in inputs.items():
-        match = next(filter(None, (re.fullmatch(pattern, name) for pattern in patterns)), None)
-        if match is None or len(shape) != 4:
+        if len(shape) != 4:
             continue
-        if shape[3] and isinstance(decoder.get("head_size"), int):
-            dims[shape[3]] = decoder["head_size"]
-        layer = int(match.group(1)) if match.re.groups else None  # a name without %d: no layer number
-        if (shape[2] and isinstance(window.get("window_size"), int)
-                and (sliding is None or layer in sliding)):
-            dims[shape[2]] = window["window_size"]
+        digits = next((found for found in (match_template(template, name) for template in sizes.templates)
+                       if found is not None), None)
+        if digits is None:
+            continue
+        if shape[3] and sizes.head_size is not None:
+            dims[shape[3]] = sizes.head_size
+        layer = _layer(digits) if digits else None  # a name without %d: no layer number
+        if (shape[2] and sizes.window_size is not None
+                and (sizes.sliding_layers is None or layer in sizes.sliding_layers)):
+            dims[shape[2]] = sizes.window_size
     return dims
+
+
+def check_verification_config(source: str | os.PathLike, *, follow_symlinks: bool = False) -> None:
+    """What :func:`verify_folder` reads of the folder ``source``'s config to make inputs, checked on its own (before
+    ``fuse --verify`` writes anything): :class:`~ort_rmsnorm.verify.VerifyInputError` for a size it cannot use."""
+    cache_sizes(read_layout(source, follow_symlinks=follow_symlinks))
 
 
 def verify_folder(
@@ -135,6 +249,7 @@ def verify_folder(
     fused = Path(fused)
     fused_contents = read_contents(fused, follow_symlinks=follow_symlinks)
     dims, inputs = dict(dims or {}), dict(inputs or {})
+    sizes = cache_sizes(layout) if layout.kind == KIND_GENAI else None
     shapes, arithmetic = {}, {}
     for component in layout.components:
         model = _load_checked(layout.contents, component.path)
@@ -155,7 +270,7 @@ def verify_folder(
         results.append(entry)
         model_inputs = shapes[component.path]
         names = {name for shape in model_inputs.values() for name in shape if name}
-        model_dims = {**_genai_default_dims(layout, component, model_inputs),
+        model_dims = {**_genai_default_dims(sizes, component, model_inputs),
                       **{name: size for name, size in dims.items() if name in names}}
         given = {name: array for name, array in inputs.items() if name in model_inputs}
         fused_path = fused / component.path

@@ -88,7 +88,7 @@ def test_missing_input(cli, tmp_path):
 def test_directory_as_input(cli, tmp_path):
     """A directory is a model folder (docs/cli.md, "Folders"); one without models is a layout fuse does not know."""
     (tmp_path / "folder.onnx").mkdir()
-    result = cli("fuse", tmp_path / "folder.onnx", tmp_path / "out.onnx")
+    result = cli("fuse", tmp_path / "folder.onnx", tmp_path / "out")
     _assert_clean_failure(result, expected=["folder.onnx", "no layout this command knows"], directory=tmp_path,
                           before={"folder.onnx"})
 

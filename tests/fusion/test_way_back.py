@@ -175,3 +175,75 @@ def test_decomposed_is_plain_onnx_at_any_opset():
         onnx.checker.check_model(stripped, full_check=True)
         reduce_mean = next(node for node in back.graph.node if node.op_type == "ReduceMean")
         assert (len(reduce_mean.input) == 2) == (opset >= 18)
+
+
+# --- ops that break the contract are refused, not converted ---------------------------------------------------------
+
+BROKEN = {
+    # name: (skip, attributes, scale dtype, bias dtype, what the error names)
+    "eps_outside_sqrt 7": (False, {"eps_outside_sqrt": 7}, np.float32, None, "'eps_outside_sqrt' is 7"),
+    "eps_outside_sqrt -1 (SkipRMSNorm)": (True, {"eps_outside_sqrt": -1}, np.float32, None,
+                                          "'eps_outside_sqrt' is -1"),
+    "normalize_float32_sum 2": (True, {"normalize_float32_sum": 2}, np.float32, None,
+                                "'normalize_float32_sum' is 2"),
+    "normalize_float32_sum on RMSNorm": (False, {"normalize_float32_sum": 1}, np.float32, None,
+                                         "'normalize_float32_sum' is SkipRMSNorm's"),
+    "epsilon a string": (False, {"epsilon": "small"}, np.float32, None, "'epsilon' is not a float"),
+    "float64 scale": (False, {}, np.float64, None, "scale is float64"),
+    "int32 scale": (False, {}, np.int32, None, "scale is int32"),
+    "float16 scale on float32": (True, {}, np.float16, None, "scale is float16"),
+    "float32 bias on float16": (True, {}, np.float16, np.float32, "bias is float32"),
+}
+
+
+def _broken_model(name: str) -> onnx.ModelProto:
+    skip, attributes, scale_dtype, bias_dtype, _ = BROKEN[name]
+    x_dtype = np.float16 if bias_dtype is not None else np.float32
+    scale = np.arange(1, SHAPE[-1] + 1).astype(scale_dtype)
+    bias = np.zeros(SHAPE[-1], bias_dtype) if bias_dtype is not None else None
+    model = norm_model(x_dtype, skip=skip, x_shape=SHAPE, constant_scale=scale, constant_bias=bias,
+                       attributes={"epsilon": 1e-5, **attributes})
+    if bias is not None:  # norm_model gives the bias X's type: this one is another
+        model.graph.initializer[-1].CopyFrom(onnx.numpy_helper.from_array(bias, "bias"))
+    return model
+
+
+@pytest.mark.parametrize("target", ["decomposed", "ort", "onnx", "auto"])
+@pytest.mark.parametrize("name", BROKEN)
+def test_an_op_breaking_the_contract_is_refused(target, name):
+    """onnxruntime with the library refuses such a node; turning it into plain or onnxruntime ops would give it a
+    meaning it does not have. The error names the node and what is wrong."""
+    model = _at_opset(_broken_model(name), 23 if target == "onnx" else 17)
+    with pytest.raises(ValueError, match="norm0") as raised:
+        ort_rmsnorm.fuse(model, target)
+    assert BROKEN[name][-1] in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_an_op_breaking_the_contract_is_refused_on_the_command_line(tmp_path):
+    from cli.conftest import run_cli
+
+    model = tmp_path / "broken.onnx"
+    broken = _broken_model("eps_outside_sqrt 7")
+    broken.graph.output[0].type.tensor_type.shape.dim.extend(  # a file passes onnx.checker: the shape is written
+        helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, SHAPE).type.tensor_type.shape.dim)
+    onnx.save(broken, model)
+    for target in ("decomposed", "ort"):
+        result = run_cli("fuse", model, tmp_path / "out.onnx", "--target", target, "--quiet")
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and len(lines) == 1, result
+        assert "norm0" in lines[0] and "eps_outside_sqrt" in lines[0] and str(model) in lines[0], lines
+        assert sorted(path.name for path in tmp_path.iterdir()) == ["broken.onnx"]
+
+
+def test_the_valid_flags_keep_their_meaning():
+    """0 and 1, written explicitly, convert as the defaults do: the numbers of test_our_op_written_back."""
+    rng = np.random.default_rng(1)
+    scale = random_array(rng, SHAPE[-1:], np.float32, offset=1.0)
+    x = random_array(rng, SHAPE, np.float32)
+    for flag in (0, 1):
+        model = norm_model(np.float32, x_shape=SHAPE, constant_scale=scale,
+                           attributes={"epsilon": 1e-3, "eps_outside_sqrt": flag})
+        back, report = ort_rmsnorm.fuse(model, "decomposed")
+        assert not _ours(back) and len(report.fusions) == 1
+        expected, _ = rmsnorm(x, scale, axis=-1, epsilon=1e-3, eps_outside_sqrt=bool(flag))
+        assert_matches_reference(_run(back, {"x": x})[0], expected, np.dtype(np.float32), f"flag {flag}")
