@@ -476,9 +476,11 @@ def run_tune(args: argparse.Namespace) -> int:
     from .auto_table import machine_table_path
     from .bench import tune
 
+    from .durable import output_problem
+
     destination = None if args.output == "-" else Path(args.output) if args.output else machine_table_path()
-    if destination is not None and (destination.is_dir() or (destination.exists() and not destination.is_file())):
-        raise UsageError(f"--output {destination}: not a regular file")
+    if destination is not None and (problem := output_problem(destination)) is not None:
+        raise UsageError(f"--output {destination}: {problem}; the table is written as a new file renamed into place")
     hidden = args.hidden or (tune.QUICK_HIDDEN if args.quick else tune.DEFAULT_HIDDEN)
     rounds = args.rounds or (5 if args.quick else 7)
     progress = Progress(args.quiet)

@@ -139,3 +139,13 @@ def test_tune_refuses_an_output_that_is_no_file(tmp_path):
     result = subprocess.run([sys.executable, "-m", "ort_rmsnorm", "tune", "--output", str(tmp_path)],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "not a regular file" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_tune_leaves_a_link_where_the_table_would_go(tmp_path):
+    target, link = tmp_path / "elsewhere.json", tmp_path / "table.json"
+    target.write_text("{}")
+    link.symlink_to(target)
+    result = subprocess.run([sys.executable, "-m", "ort_rmsnorm", "tune", "--output", str(link)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "symbolic link" in result.stderr and "Traceback" not in result.stderr
+    assert link.is_symlink() and target.read_text() == "{}"
