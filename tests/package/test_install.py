@@ -48,8 +48,11 @@ def _names_both_installs(line: str) -> None:
     assert "pip install 'ort-rmsnorm[cpu]'" in line and "onnxruntime-gpu" in line, line
 
 
-def test_cli_without_onnxruntime_says_how_to_install_one():
-    for command in (["info"], ["verify", "a.onnx", "b.onnx"]):
+def test_cli_without_onnxruntime_says_how_to_install_one(tmp_path):
+    models = [tmp_path / "a.onnx", tmp_path / "b.onnx"]  # there: a missing input is said first, onnxruntime or not
+    for model in models:
+        model.write_bytes(b"")
+    for command in (["info"], ["verify", *map(str, models)]):
         result = _run(_WITHOUT_ONNXRUNTIME + f"from ort_rmsnorm.cli import main; sys.exit(main({command!r}))")
         assert result.returncode == 2, result
         lines = result.stderr.strip().splitlines()
