@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from pathlib import Path
 from typing import Mapping
 
 import ml_dtypes
@@ -217,9 +218,16 @@ def compare(name: str, original: np.ndarray, fused: np.ndarray, arithmetic: np.d
 # --- running ------------------------------------------------------------------------------------------------------
 
 
-def _session(model: str | os.PathLike | onnx.ModelProto, optimization: str, threads: int | None):
+EXTERNAL_DATA_FOLDER = "session.model_external_initializers_file_folder_path"
+"""onnxruntime's session option: the folder external data is read from for a model given as bytes."""
+
+
+def _session(model: str | os.PathLike | onnx.ModelProto, optimization: str, threads: int | None,
+             external_data_folder: str | None = None):
     options = ort.SessionOptions()
     options.log_severity_level = 3  # errors only: no shape-annotation warnings in the verdict's output
+    if external_data_folder is not None:
+        options.add_session_config_entry(EXTERNAL_DATA_FOLDER, external_data_folder)
     return runtime.make_session(
         model if isinstance(model, onnx.ModelProto) else str(model),
         optimization=OPTIMIZATION_LEVELS[optimization],
@@ -323,19 +331,37 @@ def run_and_compare(
 def _check_norms(original, fused, feeds: Mapping[str, np.ndarray], optimization: str,
                  threads: int | None) -> norm_checks.NormReport:
     """Each norm of ``fused`` against its definition and the original's value there: both models run once more
-    with the norms' inputs and outputs as extra outputs (which may keep onnxruntime from fusing across them)."""
+    with the norms' inputs and outputs as extra outputs (which may keep onnxruntime from fusing across them).
+
+    A model file is read without its external data, which the session reads from the file's folder
+    (:data:`EXTERNAL_DATA_FOLDER`); where onnxruntime needs it in the model (a shape constant stored outside), the
+    data is read in."""
+    models, folders = [], []
     try:
-        models = [model if isinstance(model, onnx.ModelProto) else onnx.load(str(model)) for model in (original, fused)]
+        for model in (original, fused):
+            if isinstance(model, onnx.ModelProto):
+                models.append(model)
+                folders.append(None)
+            else:
+                models.append(onnx.load(str(model), load_external_data=False))
+                folders.append(str(Path(model).resolve().parent))
     except (OSError, ValueError, RuntimeError) as error:  # files checked before: memory, over 2 GiB
-        return norm_checks.NormReport([], [], problem=f"cannot read the models whole: {one_line(error)}")
+        return norm_checks.NormReport([], [], problem=f"cannot read the models: {one_line(error)}")
 
     def run(model: onnx.ModelProto, names: list[str], which: str) -> list[np.ndarray]:
-        session = _session(model, optimization, threads)
+        folder = folders[0 if which == "original" else 1]
+        try:
+            session = _session(model, optimization, threads, external_data_folder=folder)
+        except _ORT_ERRORS:
+            if folder is None:
+                raise
+            onnx.load_external_data_for_model(model, folder)
+            session = _session(model, optimization, threads)
         return runtime.run(session, feeds, names)
 
     try:
-        return norm_checks.run_checks(models[1], models[0], ("", ""), feeds, run)
-    except (*_ORT_ERRORS, ValueError) as error:
+        return norm_checks.run_checks(models[1], models[0], (folders[0] or "", folders[1] or ""), feeds, run)
+    except (*_ORT_ERRORS, ValueError, OSError) as error:
         return norm_checks.NormReport([], [], problem=f"the models with their norms' values as outputs do not run: "
                                                       f"{one_line(error)}")
 

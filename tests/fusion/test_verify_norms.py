@@ -192,9 +192,23 @@ def test_fuse_verify_and_folders_print_the_norms(tmp_path, capsys):
     onnx.save(broken, tmp_path / "out" / "model.onnx")
     result = verify_folder(source, tmp_path / "out")
     assert not result.ok
-    assert "differs: scale (the original applies none, the fused op multiplies by its scale)" not in \
-        result.describe() and "differs: scale (the original multiplies by a scale the fused op lacks)" in \
-        result.describe()
+    assert "differs: scale (the original multiplies by a scale the fused op lacks)" in result.describe()
+
+
+def test_models_with_external_data(tmp_path):
+    """The weights stay on disk: the sessions with the norms' values as outputs read them from the models'
+    folders, and the scales the definition needs are read from there too."""
+    original, fused = tmp_path / "model.onnx", tmp_path / "fused.onnx"
+    onnx.save(_llama(), original, save_as_external_data=True, location="model.onnx.data")
+    ort_rmsnorm.fuse_file(original, fused)
+    result = verify.verify(original, fused, dims=DIMS)
+    assert result.ok and len(result.norms.norms) == CONFIG.norm_count, result.describe(verbose=True)
+    assert all(norm.original_ulps is not None and norm.note is None for norm in result.norms.norms)
+    broken = onnx.load(fused, load_external_data=False)
+    _scale_dropped(broken, None)
+    onnx.save(broken, tmp_path / "broken.onnx")  # its external data is still fused.onnx.data, beside it
+    failed = _only_failure(verify.verify(original, tmp_path / "broken.onnx", dims=DIMS))
+    assert failed.difference.startswith("scale (the original multiplies by a scale the fused op lacks)")
 
 
 # --- only rounding differs ----------------------------------------------------------------------------------------
