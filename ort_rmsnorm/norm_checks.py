@@ -344,6 +344,7 @@ class NormVerdict:
     kernel_bound_ok: bool
     original_ulps: float | None  # (b): the original's value against the definition; None: not compared
     tolerance: float
+    sum_ulps: float | None = None  # (b) for a residual op's sum output, where both models have it
     difference: str | None = None  # what part of the meaning differs, when (b) fails
     note: str | None = None  # why (b) was not compared, or what it was compared from
 
@@ -424,7 +425,8 @@ def check_norm(site: NormSite, fused: Mapping[str, np.ndarray], original: Mappin
     verdict.original_ulps = ulps(original_y, expected, dtype, size)
     sum_ulps = None
     if site.sum is not None and site.sum in original and expected_sum is not None:
-        sum_ulps = ulps(original[site.sum], expected_sum, dtype, term_size(theirs.x, theirs.skip, theirs.bias))
+        sum_ulps = verdict.sum_ulps = ulps(original[site.sum], expected_sum, dtype,
+                                           term_size(theirs.x, theirs.skip, theirs.bias))
         verdict.original_ulps = max(verdict.original_ulps, sum_ulps)
     if verdict.original_ulps <= tolerance:
         return verdict
