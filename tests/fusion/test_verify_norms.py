@@ -156,6 +156,18 @@ def _norm_name(fused: onnx.ModelProto, index: int) -> str:
     return nodes[index].name
 
 
+def test_rows_beyond_float32_are_named_as_such():
+    """Squares that overflow float32 make the decomposed original infinite-divided where the fused op computes the
+    row in float64: a difference of range, not of meaning, and named so."""
+    case = norm_model(Spelling(epsilon=1e-5, shape=("B", "S", 8), run_shape=(2, 3, 8)))
+    fused, _ = ort_rmsnorm.fuse(case.model)
+    x = np.where(np.arange(8) < 4, 1e30, 1.0).astype(np.float32) * np.ones((2, 3, 8), np.float32)
+    failed = _only_failure(verify.verify(case.model, fused, inputs={"x": x}))
+    assert failed.difference.startswith("range (a row's sum of squares overflows or underflows float32"), \
+        failed.describe()
+    assert failed.kernel_bound_ok
+
+
 def test_injected_error_fails_the_command_line(tmp_path, capsys):
     from ort_rmsnorm.cli import main
 
