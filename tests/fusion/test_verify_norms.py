@@ -244,6 +244,25 @@ def test_llama_norms_keep_their_definition(dtype, target):
     assert "keep the exact definition" in result.describe()
 
 
+def test_inputs_the_pass_made_are_compared_at_the_rows_size():
+    """The ``ort`` target writes a float16 residual norm without its sum as the Adds and SimplifiedLayerNormalization:
+    the norm's X is a value the pass made, taken from the fused model and measured at each row's RMS."""
+    original = _llama("float16")
+    fused, _ = ort_rmsnorm.fuse(ort_rmsnorm.fuse(original)[0], "ort")
+    result = verify.verify(original, fused, dims=DIMS)
+    assert result.ok, result.describe(verbose=True)
+    last = result.norms.norms[-1]
+    assert last.note.startswith("compared from the fused model's ") and last.note.endswith("at the size of each row")
+    assert last.tolerance == 2 * norm_checks.ORIGINAL_ULPS[np.dtype(np.float16)]
+    node = [node for node in fused.graph.node if node.op_type == "SimplifiedLayerNormalization"][-1]
+    _set_attribute(node, "epsilon", 0.1)
+    failed = _only_failure(verify.verify(original, fused, dims=DIMS))
+    assert failed.node == last.node
+    # float16 cannot tell 1e-6 from 1e-4 at these rows: the fit names a value the original matches within it.
+    assert failed.difference.startswith("epsilon (the original matches "), failed.describe()
+    assert ", the fused op has 0.1)" in failed.difference, failed.describe()
+
+
 @pytest.mark.parametrize("source", ["ort", "onnx"])
 def test_converted_norm_ops_keep_their_names(source):
     """A model holding onnxruntime's or ONNX's norm ops, converted to ours: each of ours is compared with the op it
