@@ -284,7 +284,10 @@ def evaluate(definition: Definition, dtype: np.dtype, x: np.ndarray, skip: np.nd
         y = base * factor
         if scale is not None:
             y = y * scale.astype(np.float64)
-        size = np.abs(y)
+        # An input below T's normal range holds only its subnormal spacing (onnxruntime may drop a Cast pair and
+        # hand the original's norm more than that): its elements are measured as if at T's smallest normal.
+        size = np.maximum(np.abs(y), float(ml_dtypes.finfo(dtype).smallest_normal) * factor
+                          * (1.0 if scale is None else np.abs(scale.astype(np.float64))))
         if definition.centred:  # x - mean rounds at the size of x, not of the difference
             size = np.maximum(size, np.abs((base + centre) * factor
                                            * (1.0 if scale is None else scale.astype(np.float64))))

@@ -151,8 +151,8 @@ def test_injected_semantic_error_is_caught_at_its_norm(injection):
 
 
 def _norm_name(fused: onnx.ModelProto, index: int) -> str:
-    nodes = [node for node in fused.graph.node if (node.domain, node.op_type) in norm_checks.NORM_SIGNATURES
-             or (node.domain == "" and (("", node.op_type) in norm_checks.NORM_SIGNATURES))]
+    nodes = [node for node in fused.graph.node
+             if ("" if node.domain == "ai.onnx" else node.domain, node.op_type) in norm_checks.NORM_SIGNATURES]
     return nodes[index].name
 
 
