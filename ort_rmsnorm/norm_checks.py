@@ -2,14 +2,16 @@
 
 The pass keeps names: a fused norm's outputs (``Y``, and a residual op's ``sum``) keep the names the original
 subgraph's outputs had, and its inputs are values of the original too. So for each norm node of the fused model's main
-graph (ours, onnxruntime's and ONNX's norm ops, and ``LayerNormalization``) both models get the node's inputs and
-outputs as extra graph outputs and run once more on the same feeds. For each norm:
+graph (ours, onnxruntime's and ONNX's norm ops, and ``LayerNormalization``; not one the original holds unchanged)
+both models get the node's inputs and outputs as extra graph outputs and run once more on the same feeds. For each
+norm:
 
 (a) the fused op's output against the definition evaluated in float64 from the fused node's own inputs: the kernel's
     accuracy, in units in the last place (ulps) of its type ``T``;
 (b) the original's value of the same name against the same definition evaluated from the original's own values of
     the node's inputs (so that rounding upstream, amplified or not, does not count against this norm), within
-    :data:`ORIGINAL_ULPS`: what a decomposed subgraph in ``T`` rounds.
+    :data:`ORIGINAL_ULPS`: what a decomposed subgraph in ``T`` rounds. An input the pass made (the original has no
+    such value) is taken from the fused model, and the norm then measured at each row's RMS within twice that.
 
 Where (b) fails, the definition is evaluated again with one part of its meaning changed (epsilon refitted, in either
 placement; other trailing axes; mean-centred; the scale dropped, ``1 + w``, another norm's, or any per-column scale;
