@@ -130,6 +130,8 @@ def add_verify_input_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--seed", type=_seed, default=0, help="seed of the generated inputs (default 0)")
     group.add_argument("--optimization", choices=OPTIMIZATION_LEVEL_NAMES, default="all",
                        help="onnxruntime graph optimizations for both sessions (default all)")
+    group.add_argument("--verbose", action="store_true",
+                       help="print every norm's verdict (default: a summary line, and the norms that differ)")
 
 
 @dataclasses.dataclass
@@ -159,7 +161,7 @@ def run_verification(original: Path, fused: Path, inputs: VerificationInputs, ar
     except verify.FusedModelError as error:
         print(printable_lines(f"verify: MISMATCH: {error}"), file=out)
         return EXIT_MISMATCH
-    print(printable_lines(result.describe()), file=out)
+    print(printable_lines(result.describe(args.verbose)), file=out)
     return EXIT_OK if result.ok else EXIT_MISMATCH
 
 
@@ -170,7 +172,7 @@ def run_folder_verification(original: Path, fused: Path, inputs: VerificationInp
     result = verify_folder(original, fused, dims=inputs.dims, inputs=inputs.arrays, seed=args.seed,
                            optimization=args.optimization, follow_symlinks=args.follow_symlinks,
                            progress=Progress(args.quiet).stage)
-    print(printable_lines(result.describe()), file=out)
+    print(printable_lines(result.describe(args.verbose)), file=out)
     return EXIT_OK if result.ok else EXIT_MISMATCH
 
 

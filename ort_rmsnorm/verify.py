@@ -1,7 +1,11 @@
 """Checking that a fused model computes what the original computes.
 
 Both models run in onnxruntime with our library registered and the same session options, on the same deterministic
-inputs, and every output is compared with a tolerance that depends on its dtype.
+inputs, and every output is compared with a tolerance that depends on its dtype. Each norm op of the fused model is
+checked too (:mod:`ort_rmsnorm.norm_checks`): against a float64 evaluation of its definition, and the original's value
+at that point against the same, so that a semantic change the outputs' tolerance lets through (an epsilon, a scale)
+fails at its norm, and an output difference beyond its tolerance while every norm keeps its definition is reported
+as rounding amplified by the quantizing or discontinuous ops downstream (:attr:`VerifyResult.explained`), not failed.
 
 Inputs: :mod:`ort_rmsnorm.feeds` (float inputs standard normal from a fixed seed, integer and bool inputs valid for
 their usual meanings, small sizes for symbolic dims).
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from pathlib import Path
 from typing import Mapping
 
 import ml_dtypes
@@ -33,7 +38,7 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 
-from . import runtime
+from . import norm_checks, runtime
 from .contract import OPTIMIZATION_LEVEL_NAMES
 from .feeds import DEFAULT_SEED, VerifyInputError, make_inputs
 from .model_io import load_model, one_line
@@ -83,8 +88,10 @@ class OutputComparison:
     def ok(self) -> bool:
         return self.problem is None and (self.tolerance is None or self.max_rel <= self.tolerance)
 
-    def describe(self) -> str:
-        verdict = "ok" if self.ok else "MISMATCH"
+    def describe(self, explained: bool = False) -> str:
+        """``explained``: the per-norm check explains a difference beyond the tolerance
+        (:attr:`VerifyResult.explained`)."""
+        verdict = "ok" if self.ok else "beyond tolerance, explained below" if explained else "MISMATCH"
         head = f"output '{self.name}' {self.dtype} {list(self.shape)}"
         if self.problem is not None:
             return f"{head}: {verdict}: {self.problem}"
@@ -101,19 +108,49 @@ class OutputComparison:
 class VerifyResult:
     inputs: dict[str, tuple[str, tuple]]  # name -> (dtype, shape) of the inputs used
     outputs: list[OutputComparison]
+    norms: norm_checks.NormReport | None = None
+    """The per-norm check (:mod:`ort_rmsnorm.norm_checks`); None when it was not asked for."""
+
+    @property
+    def outputs_ok(self) -> bool:
+        return all(output.ok for output in self.outputs)
+
+    @property
+    def explained(self) -> bool:
+        """Outputs beyond their tolerance only in their numbers, every norm keeping its exact definition, and ops
+        downstream of the norms that quantize or are discontinuous: the difference is rounding they amplified."""
+        return (not self.outputs_ok and all(output.problem is None for output in self.outputs)
+                and self.norms is not None and self.norms.problem is None and bool(self.norms.norms)
+                and self.norms.ok and bool(self.norms.amplifiers))
+
+    @property
+    def norms_ok(self) -> bool:
+        return self.norms is None or self.norms.ok
 
     @property
     def ok(self) -> bool:
-        return all(output.ok for output in self.outputs)
+        return self.norms_ok and (self.outputs_ok or self.explained)
 
-    def describe(self) -> str:
+    def describe(self, verbose: bool = False) -> str:
+        """The inputs, each output's comparison, the per-norm summary (each norm's verdict when one differs or
+        with ``verbose``) and the verdict line."""
         feeds = ", ".join(f"{name} {dtype} {list(shape)}" for name, (dtype, shape) in self.inputs.items())
-        lines = [f"inputs: {feeds or '(none)'}", *(output.describe() for output in self.outputs)]
+        lines = [f"inputs: {feeds or '(none)'}", *(output.describe(self.explained) for output in self.outputs)]
+        if self.norms is not None:
+            lines.append(self.norms.summary())
+            lines += [f"  {norm.describe()}" for norm in self.norms.norms if verbose or not norm.ok]
         matched = sum(output.ok for output in self.outputs)
-        lines.append(
-            f"verify: {'all' if self.ok else matched} of {len(self.outputs)} outputs match"
-            + ("" if self.ok else f"; {len(self.outputs) - matched} MISMATCH")
-        )
+        verdict = (f"verify: {'all' if self.outputs_ok else matched} of {len(self.outputs)} outputs match"
+                   + ("" if self.outputs_ok else f"; {len(self.outputs) - matched} MISMATCH"))
+        if self.explained:
+            verdict = (f"verify: {matched} of {len(self.outputs)} outputs within tolerance; the rest explained by "
+                       f"rounding at {len(self.norms.norms)} norms (max "
+                       f"{norm_checks.ulps_text(self.norms.max_ulps)}), amplified by "
+                       f"{', '.join(self.norms.amplifiers)}")
+        if not self.norms_ok:
+            failed = sum(not norm.ok for norm in self.norms.norms)
+            verdict += f"; {failed} norm{'s' if failed != 1 else ''} MISMATCH"
+        lines.append(verdict)
         return "\n".join(lines)
 
 
@@ -181,9 +218,16 @@ def compare(name: str, original: np.ndarray, fused: np.ndarray, arithmetic: np.d
 # --- running ------------------------------------------------------------------------------------------------------
 
 
-def _session(model: str | os.PathLike | onnx.ModelProto, optimization: str, threads: int | None):
+EXTERNAL_DATA_FOLDER = "session.model_external_initializers_file_folder_path"
+"""onnxruntime's session option: the folder external data is read from for a model given as bytes."""
+
+
+def _session(model: str | os.PathLike | onnx.ModelProto, optimization: str, threads: int | None,
+             external_data_folder: str | None = None):
     options = ort.SessionOptions()
     options.log_severity_level = 3  # errors only: no shape-annotation warnings in the verdict's output
+    if external_data_folder is not None:
+        options.add_session_config_entry(EXTERNAL_DATA_FOLDER, external_data_folder)
     return runtime.make_session(
         model if isinstance(model, onnx.ModelProto) else str(model),
         optimization=OPTIMIZATION_LEVELS[optimization],
@@ -217,8 +261,10 @@ def verify(
     seed: int = DEFAULT_SEED,
     optimization: str = "all",
     threads: int | None = None,
+    norms: bool = True,
 ) -> VerifyResult:
-    """Runs ``original`` and ``fused`` on the same deterministic inputs and compares every output.
+    """Runs ``original`` and ``fused`` on the same deterministic inputs and compares every output; with ``norms``,
+    checks each norm op of ``fused`` too (:mod:`ort_rmsnorm.norm_checks`: the result's ``norms``).
 
     Raises :class:`~ort_rmsnorm.model_io.ModelFileError` for unreadable files, :class:`VerifyInputError` when no
     valid inputs can be made or the original does not run, and :class:`FusedModelError` when the fused model does not
@@ -228,7 +274,7 @@ def verify(
     if not isinstance(fused, onnx.ModelProto):
         load_model(fused)  # clear errors for a missing, corrupted or invalid file
     return run_and_compare(original, fused, arithmetic, dims=dims, inputs=inputs, seed=seed,
-                           optimization=optimization, threads=threads)
+                           optimization=optimization, threads=threads, norms=norms)
 
 
 def run_and_compare(
@@ -241,6 +287,7 @@ def run_and_compare(
     seed: int = DEFAULT_SEED,
     optimization: str = "all",
     threads: int | None = None,
+    norms: bool = True,
 ) -> VerifyResult:
     """:func:`verify` once both models were read (and found valid): ``arithmetic`` is the original's
     :func:`arithmetic_dtype`."""
@@ -278,10 +325,50 @@ def run_and_compare(
             f"{one_line(error)}"
         ) from None
     names = [node_arg.name for node_arg in original_session.get_outputs()]
+    del original_session, fused_session
     return VerifyResult(
         inputs={name: (str(array.dtype), array.shape) for name, array in feeds.items()},
         outputs=[compare(name, want, got, arithmetic) for name, want, got in zip(names, expected, actual)],
+        norms=_check_norms(original, fused, feeds, optimization, threads) if norms else None,
     )
+
+
+def _check_norms(original, fused, feeds: Mapping[str, np.ndarray], optimization: str,
+                 threads: int | None) -> norm_checks.NormReport:
+    """Each norm of ``fused`` against its definition and the original's value there: both models run once more
+    with the norms' inputs and outputs as extra outputs (which may keep onnxruntime from fusing across them).
+
+    A model file is read without its external data, which the session reads from the file's folder
+    (:data:`EXTERNAL_DATA_FOLDER`); where onnxruntime needs it in the model (a shape constant stored outside), the
+    data is read in."""
+    models, folders = [], []
+    try:
+        for model in (original, fused):
+            if isinstance(model, onnx.ModelProto):
+                models.append(model)
+                folders.append(None)
+            else:
+                models.append(onnx.load(str(model), load_external_data=False))
+                folders.append(str(Path(model).resolve().parent))
+    except (OSError, ValueError, RuntimeError) as error:  # files checked before: memory, over 2 GiB
+        return norm_checks.NormReport([], [], problem=f"cannot read the models: {one_line(error)}")
+
+    def run(model: onnx.ModelProto, names: list[str], which: str) -> list[np.ndarray]:
+        folder = folders[0 if which == "original" else 1]
+        try:
+            session = _session(model, optimization, threads, external_data_folder=folder)
+        except _ORT_ERRORS:
+            if folder is None:
+                raise
+            onnx.load_external_data_for_model(model, folder)
+            session = _session(model, optimization, threads)
+        return runtime.run(session, feeds, names)
+
+    try:
+        return norm_checks.run_checks(models[1], models[0], (folders[0] or "", folders[1] or ""), feeds, run)
+    except (*_ORT_ERRORS, ValueError, OSError) as error:
+        return norm_checks.NormReport([], [], problem=f"the models with their norms' values as outputs do not run: "
+                                                      f"{one_line(error)}")
 
 
 def _feeds_text(feeds: Mapping[str, np.ndarray]) -> str:

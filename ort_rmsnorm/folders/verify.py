@@ -56,12 +56,14 @@ class FolderVerification:
     def ok(self) -> bool:
         return not self.problems and all(model.ok for model in self.models)
 
-    def describe(self) -> str:
+    def describe(self, verbose: bool = False) -> str:
+        """Each model's comparison (``verbose``: every norm's verdict, not only those that differ) and the
+        verdict line."""
         lines = []
         for model in self.models:
             lines.append(f"{model.path}:")
             if model.result is not None:
-                lines += [f"  {line}" for line in model.result.describe().splitlines()]
+                lines += [f"  {line}" for line in model.result.describe(verbose).splitlines()]
             if model.problem is not None:
                 lines.append(f"  verify: MISMATCH: {model.problem}")
         lines += [f"folder: MISMATCH: {problem}" for problem in self.problems]
@@ -234,6 +236,7 @@ def verify_folder(
     optimization: str = "all",
     follow_symlinks: bool = False,
     progress: Callable[[str], None] | None = None,
+    norms: bool = True,
 ) -> FolderVerification:
     """Runs each model :func:`fuse_folder` fuses in ``original`` against the model of the same name in ``fused``
     (:func:`ort_rmsnorm.verify.verify`), and checks that a genai folder's models that use this package's ops can
@@ -242,7 +245,8 @@ def verify_folder(
     ``dims`` and ``inputs`` apply to the models that have such dims and inputs; a name no model has is a
     :class:`~ort_rmsnorm.verify.VerifyInputError`. In a genai folder, the decoder's past key/value head dim defaults
     to the config's ``head_size``. Both folders are read under the trust boundary of
-    :func:`~ort_rmsnorm.folders.contents.read_contents` (``follow_symlinks`` as there).
+    :func:`~ort_rmsnorm.folders.contents.read_contents` (``follow_symlinks`` as there). ``norms``: check each norm of
+    each fused model too (:func:`ort_rmsnorm.verify.verify`).
     """
     say = progress or (lambda _line: None)
     layout = read_layout(original, follow_symlinks=follow_symlinks)
@@ -281,7 +285,8 @@ def verify_folder(
             using_library.append(component)
         try:
             entry.result = verify.run_and_compare(layout.root / component.path, fused_path, arithmetic[component.path],
-                                                  dims=model_dims, inputs=given, seed=seed, optimization=optimization)
+                                                  dims=model_dims, inputs=given, seed=seed, optimization=optimization,
+                                                  norms=norms)
         except verify.FusedModelError as error:
             entry.problem = str(error)
     problems = _library_problems(layout, fused_contents, using_library) if layout.kind == KIND_GENAI else []

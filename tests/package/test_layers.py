@@ -39,6 +39,7 @@ LAYERS = {
     "ort_rmsnorm.folders": API,
     "ort_rmsnorm.feeds": API,
     "ort_rmsnorm.verify": API,
+    "ort_rmsnorm.norm_checks": API,
     "ort_rmsnorm.tooling": API,
     "ort_rmsnorm.command_line": TOOLS,
     "ort_rmsnorm.cli": TOOLS,
