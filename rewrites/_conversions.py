@@ -41,6 +41,7 @@ from ._facts import (
     format_shape,
     int_attribute,
     label,
+    proven_shape,
     require_stash_float32,
     same_shape,
 )
@@ -176,6 +177,8 @@ class NormOpConversion(NormRule):
         check_epsilon(epsilon, f"{what}: ", node)
         x_shape = facts.shape(x)
         axis = _normalized_axis(node, what, x_shape.rank() if x_shape is not None else None)
+        if scale is not None:  # what the scale must match: the dims the graph proves (inference may not know them)
+            x_shape = proven_shape(x, x_shape, -axis, facts)
         return NormSpec(x, x_dtype, x_shape, axis, epsilon, placement, scale_spec(scale, x_shape, -axis, facts))
 
 
@@ -282,6 +285,8 @@ class SkipOpConversion(FusionRule):
         if epsilon is None:
             raise NotFusable(f"{what}: the epsilon attribute is not a float", node)
         check_epsilon(epsilon, f"{what}: ", node)
+        if gamma is not None:
+            x_shape = proven_shape(x, x_shape, -axis, facts)
         scale = scale_spec(gamma, x_shape, -axis, facts)
         norm = NormSpec(x, x_dtype, x_shape, axis, epsilon, placement, scale)
         return SkipSpec(x, skip, bias, x_dtype, float32_sum, norm, what)

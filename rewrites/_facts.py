@@ -33,6 +33,7 @@ class Facts:
     def __init__(self, types: TypeTable) -> None:
         self.types = types
         self.folded: dict[ir.Value, np.ndarray | None] = {}
+        self.proven: dict[tuple[ir.Value, int], int | None] = {}  # by :func:`proven_shape`: (value, dim from the end)
 
     def dtype(self, value: ir.Value) -> ir.DataType | None:
         return self.types.dtype(value)
@@ -285,3 +286,119 @@ def check_scale_shape(scale_shape: ir.Shape | None, x_shape: ir.Shape | None, no
         if is_one(x_dim):
             raise NotFusable(f"{described} would enlarge the output", scale_node)
         raise NotFusable(f"{described}: cannot prove the scale's dims match the normalized dims", scale_node)
+
+
+# ---- dims the graph proves ----------------------------------------------------------------------------------------
+
+# Ops whose output 0 has the shape of input 0.
+_SHAPE_KEEPING = frozenset(
+    {
+        "Abs", "Cast", "CastLike", "Ceil", "Clip", "Cos", "DequantizeLinear", "Dropout", "Elu", "Erf", "Exp", "Floor",
+        "Gelu", "HardSigmoid", "HardSwish", "Identity", "LeakyRelu", "Log", "LogSoftmax", "Neg", "QuantizeLinear",
+        "Reciprocal", "Relu", "Round", "Selu", "Sigmoid", "Sign", "Sin", "Softmax", "Softplus", "Softsign", "Sqrt",
+        "Tanh",
+    }
+)
+# Ops whose output broadcasts their inputs (multidirectionally): a dim is the one operand's dim that is not 1.
+_BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Where", "PRelu"})
+_PROOF_DEPTH = 12  # producers followed back from the norm's input
+
+
+def proven_shape(value: ir.Value | None, shape: ir.Shape | None, normalized: int, facts: Facts) -> ir.Shape | None:
+    """``shape`` (the value's, as inference found it) with those of its trailing ``normalized`` dims that are not
+    static replaced by the size the graph proves, where it does; the others as they were.
+
+    A proof comes from what produces the value (a MatMul or Gemm by a weight of static dims, a broadcast with an
+    operand of a static dim other than 1, a Reshape to a constant shape, a Transpose, ops that keep their input's
+    shape: :func:`_proven_dim`) or from onnxruntime's symbolic shape inference, which follows dims through the graph's
+    shape arithmetic. Never from the values the norm's output meets: ``Mul(normed, scale[D])`` has D columns whether
+    the norm's last dim is D or 1."""
+    if value is None or shape is None:
+        return shape
+    dims = list(shape.dims)
+    symbolic = None
+    for position in range(1, min(normalized, len(dims)) + 1):
+        if isinstance(dim_key(dims[-position]), int):
+            continue
+        size = _proven_dim(value, position, facts, 0)
+        if size is None:
+            if symbolic is None:
+                symbolic = facts.symbolic_shape(value)[0] or ir.Shape([])
+            if symbolic.rank() == len(dims) and isinstance(dim_key(symbolic.dims[-position]), int):
+                size = dim_key(symbolic.dims[-position])
+        if size is not None:
+            dims[-position] = size
+    return ir.Shape(dims)
+
+
+def _proven_dim(value: ir.Value | None, position: int, facts: Facts, depth: int) -> int | None:
+    """The static size of the value's dim ``position`` from the end, as inference or the value's producer proves it;
+    None when nothing does (each answer computed once: a value may be reached along many paths)."""
+    if value is None:
+        return None
+    key = (value, position)
+    if key not in facts.proven:
+        facts.proven[key] = _dim_from_graph(value, position, facts, depth)
+    return facts.proven[key]
+
+
+def _dim_from_graph(value: ir.Value, position: int, facts: Facts, depth: int) -> int | None:
+    shape = facts.shape(value)
+    if shape is not None:
+        if position > shape.rank():
+            return None
+        key = dim_key(shape.dims[-position])
+        if isinstance(key, int):
+            return key
+    node = value.producer()
+    if node is None or depth >= _PROOF_DEPTH or node.domain not in ONNX_DOMAINS:
+        return None
+    depth += 1
+    op_type, inputs = node.op_type, node.inputs
+    if op_type in _SHAPE_KEEPING and value is node.outputs[0] and inputs:
+        return _proven_dim(inputs[0], position, facts, depth)
+    if op_type in _BROADCASTING:
+        all_ones = True
+        for operand in inputs:
+            operand_shape = facts.shape(operand) if operand is not None else None
+            if operand_shape is not None and operand_shape.rank() < position:
+                continue  # broadcast along this dim
+            size = _proven_dim(operand, position, facts, depth)
+            if size is not None and size != 1:
+                return size
+            all_ones = all_ones and size == 1
+        return 1 if all_ones else None
+    if op_type == "MatMul" and len(inputs) == 2:
+        # A 1-D operand adds no dim of its own to the output: B's rank must be known, and A's for A's rows.
+        a_shape, b_shape = (facts.shape(operand) if operand is not None else None for operand in inputs)
+        if b_shape is None or b_shape.rank() < 2:
+            return None
+        if position == 1:
+            return _proven_dim(inputs[1], 1, facts, depth)
+        rows_known = position == 2 and a_shape is not None and a_shape.rank() >= 2
+        return _proven_dim(inputs[0], 2, facts, depth) if rows_known else None
+    if op_type == "Gemm" and len(inputs) >= 2 and position <= 2:
+        if position == 1:  # N: B's dim 1, or dim 0 transposed
+            return _proven_dim(inputs[1], 2 if int_attribute(node, "transB", 0) else 1, facts, depth)
+        return _proven_dim(inputs[0], 1 if int_attribute(node, "transA", 0) else 2, facts, depth)
+    if op_type == "Reshape" and len(inputs) == 2:
+        target = constant_array(inputs[1], facts)
+        if target is None or target.ndim != 1 or target.dtype.kind not in "iu" or position > target.size:
+            return None
+        size = int(target[-position])
+        if size > 0:
+            return size
+        source_shape = facts.shape(inputs[0]) if inputs[0] is not None else None
+        if size == 0 and not int_attribute(node, "allowzero", 0) and source_shape is not None:
+            index = target.size - position  # 0 copies the input's dim at the same index
+            if index < source_shape.rank():
+                return _proven_dim(inputs[0], source_shape.rank() - index, facts, depth)
+        return None
+    if op_type == "Transpose" and inputs:
+        perm = node.attributes.get("perm")
+        if perm is None or perm.type != ir.AttributeType.INTS or position > len(perm.value):
+            return None
+        order = list(perm.value)
+        axis = order[len(order) - position]
+        return _proven_dim(inputs[0], len(order) - axis, facts, depth) if 0 <= axis < len(order) else None
+    return None

@@ -25,6 +25,7 @@ from ._facts import (
     format_shape,
     is_cast,
     label,
+    proven_shape,
     reduction_axes,
     require_scalar,
     static_dims,
@@ -192,6 +193,10 @@ class RMSNormFusion(NormRule):
         fused_x = _fused_input(x, context.output_values[0], b, facts)
         if self.form in FACTORS:
             roundings += _factor_roundings(b, facts)
+        fused_shape = facts.shape(fused_x)
+        if scale is not None:  # what the scale must match: the dims the graph proves (inference may not know them)
+            x_shape = proven_shape(x, x_shape, -axis, facts)
+            fused_shape = proven_shape(fused_x, fused_shape, -axis, facts)
         scaled = scale_spec(scale, x_shape, -axis, facts)
         if sum_of_squares:
             scaled, how = _times_inverse_root(scaled, inverse_root, x_shape, -axis, facts.dtype(fused_x), facts)
@@ -201,7 +206,7 @@ class RMSNormFusion(NormRule):
             rounded_to = dtype_name(facts.dtype(entering_scale))
             roundings.append(f"the normalized value is rounded to {rounded_to} before the scale")
         return NormSpec(
-            fused_x, facts.dtype(fused_x), facts.shape(fused_x), axis, epsilon, placement, scaled, tuple(roundings),
+            fused_x, facts.dtype(fused_x), fused_shape, axis, epsilon, placement, scaled, tuple(roundings),
             derivation=derivation,
         )
 

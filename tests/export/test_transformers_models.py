@@ -115,3 +115,34 @@ def _check_fuses_every_rmsnorm(model_type, dtype, tmp_path, *, opset=None, optim
     result = verify.verify(original, fused)
     assert result.ok, result.describe()
     return report
+
+
+class _MaskedLogits(torch.nn.Module):
+    """Logits with an all-ones attention mask: without one, transformers' mask code calls aten::diff, which the
+    TorchScript exporter cannot write."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids):
+        return self.model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), use_cache=False).logits
+
+
+def test_torchscript_bitnet_fuses_the_sub_norms_scales(tmp_path):
+    """BitNet's attn_sub_norm normalizes the attention output reshaped to [batch, sequence, -1]: ONNX's shape
+    inference leaves that last dim unknown (repeat_kv's Expand of a computed shape), the graph fixes it (symbolic
+    shape inference follows the dims through). Every norm is fused with its scale."""
+    model = _build("bitnet", "float32")
+    model.config._attn_implementation = "eager"
+    input_ids = torch.randint(1, VOCAB, (1, 8), generator=torch.Generator().manual_seed(0))
+    calls = _norm_calls(model, input_ids)
+    original = tmp_path / "bitnet.onnx"
+    export(_MaskedLogits(model), (input_ids,), original, exporter="torchscript", input_names=["input_ids"],
+           output_names=["logits"], dynamic_dims={})
+    fused, report = fuse_file(original)
+
+    assert not report.skipped, report.summary()
+    assert len(report.fusions) == sum(calls.values()) and all(f.scale == "tensor" for f in report.fusions)
+    result = verify.verify(original, fused)
+    assert result.ok, result.describe()
