@@ -424,7 +424,7 @@ def check_norm(site: NormSite, fused: Mapping[str, np.ndarray], original: Mappin
     reference, _, reference_size = evaluate(definition, dtype, own.x, own.skip, own.scale, own.bias, own.offset)
     kernel = ulps(y, reference, dtype, reference_size)
     kernel_ok = _within_contract(site, y, reference, own.scale, dtype) if site.op.startswith(OP_DOMAIN + ".") \
-        else kernel <= tolerance
+        else kernel <= other_kernel_tolerance(tolerance, y, definition.axis)
     verdict = NormVerdict(site.node, site.op, str(dtype), kernel, kernel_ok, None, tolerance)
     if site.y not in original:
         verdict.note = f"the original has no value named '{site.y}'"
@@ -461,6 +461,16 @@ def check_norm(site: NormSite, fused: Mapping[str, np.ndarray], original: Mappin
     verdict.difference = _diagnose(site, definition, dtype, theirs, original_y, tolerance, other_scales, rows) + (
         f" (max {ulps_text(verdict.original_ulps)} from the fused op's definition)")
     return verdict
+
+
+def other_kernel_tolerance(tolerance: float, y: np.ndarray, axis: int) -> float:
+    """The ulps another runtime's kernel may be from the float64 definition on rows like ``y``'s: its sum of squares
+    accumulates in the order it chooses (onnxruntime's float32 SkipSimplifiedLayerNormalization was 19 ulp off on
+    rows of 2048), an error that grows with the row's length; ``tolerance`` at least. Whether the fused op keeps the
+    original's meaning is the other comparison's question, not this one's."""
+    rank = y.ndim
+    row = int(np.prod(y.shape[axis % rank:])) if rank else 1
+    return max(tolerance, 4.0 * float(np.sqrt(max(row, 1))))
 
 
 def _within_contract(site: NormSite, y: np.ndarray, reference: np.ndarray, scale: np.ndarray | None,

@@ -27,9 +27,8 @@ bool LineAligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 64 == 
 // In a decoder a norm runs cold: right after a MatMul has streamed its weights through the caches, the code and data
 // of the call path are out in L3 or memory, and the call would take each miss in turn, as it reaches it. So a call
 // first asks for the lines it will need, all at once, and their misses overlap: the entry of each C API function it
-// calls, the row kernel's code and the constant scale. (After a MatMul of 32 MiB this took a float32 RMSNorm from
-// 16.2 to 14.8 us and a float16 one from 15.0 to 13.1 us in onnxruntime's profiler; warm, the prefetches hit and
-// cost a few nanoseconds: docs/benchmarks.md "The cold call".)
+// calls, the row kernel's code and the start of the constant scale. After MatMuls of 8 MiB this took 2-9% off a
+// call at rows of 256 and 1024 (docs/benchmarks.md "The cold call"); warm, the prefetches hit and cost nanoseconds.
 class ColdLines {
  public:
   void Add(const void* address, size_t bytes) {
@@ -48,7 +47,7 @@ class ColdLines {
 
  private:
   static constexpr int kMaxRanges = 8;
-  static constexpr size_t kMaxBytes = 16 * 1024;  // longer rows: the hardware prefetcher has the rest in time
+  static constexpr size_t kMaxBytes = 4 * 1024;  // the hardware prefetcher has the rest of a longer row in time
   struct Range {
     const char* address;
     int lines;
