@@ -64,19 +64,25 @@ def machine_table_path() -> Path:
     return Path(config) / "ort-rmsnorm" / "auto-table.json"
 
 
-def cpu_key() -> str:
-    """This machine's CPU as a table names it: the model name with vendor, family, model and stepping (VMs often
-    give a generic name), from /proc/cpuinfo; the platform's processor name elsewhere."""
+def cpuinfo() -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo (it describes them all); empty where there is none."""
     fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as file:
             for line in file:
                 if not line.strip():
-                    break  # the first processor describes them all
+                    break
                 key, _, value = line.partition(":")
                 fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
+    return fields
+
+
+def cpu_key() -> str:
+    """This machine's CPU as a table names it: the model name with vendor, family, model and stepping (VMs often
+    give a generic name), from /proc/cpuinfo; the platform's processor name elsewhere."""
+    fields = cpuinfo()
     name = fields.get("model name") or platform.processor() or platform.machine()
     parts = [f"{key} {fields[key]}" for key in ("vendor_id", "cpu family", "model", "stepping", "CPU implementer",
                                                  "CPU part") if fields.get(key)]

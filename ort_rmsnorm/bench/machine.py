@@ -9,6 +9,7 @@ import platform
 import onnxruntime as ort
 
 from .._library import CPU_ISA_ENV, build_info, cpu_kernel_set
+from ..auto_table import cpuinfo
 
 
 def all_threads() -> int:
@@ -49,16 +50,7 @@ KERNEL_FLAGS = {
 
 def cpu_identity() -> dict:
     """Vendor, family, model, stepping and the flags that decide the kernels, from /proc/cpuinfo (empty elsewhere)."""
-    fields = {}
-    try:
-        with open("/proc/cpuinfo") as file:
-            for line in file:
-                if not line.strip():
-                    break  # the first processor describes them all
-                key, _, value = line.partition(":")
-                fields[key.strip()] = value.strip()
-    except OSError:
-        pass
+    fields = cpuinfo()
     flags = fields.get("flags", fields.get("Features", "")).split()
     relevant = sorted({flag for needed in KERNEL_FLAGS.values() for flag in needed} & set(flags))
 
