@@ -493,7 +493,7 @@ def run_tune(args: argparse.Namespace) -> int:
     print(f"auto's table, {table.measured_on}:")
     print("\n".join(tune.describe(table)))
     if destination is None:
-        print(table.to_json("", "").rstrip())
+        print(tune.text(table).rstrip())
         return EXIT_OK
     try:
         tune.write(table, destination)

@@ -92,9 +92,14 @@ def describe(table: AutoTable) -> list[str]:
     return lines or ["  ours at every length measured"]
 
 
+def text(table: AutoTable) -> str:
+    """The table file's text: the table, this CPU and this onnxruntime."""
+    return table.to_json(cpu_key(), ort.__version__)
+
+
 def write(table: AutoTable, path: Path) -> None:
     from ..durable import write_file
 
-    text = table.to_json(cpu_key(), ort.__version__)
+    content = text(table)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_file(path, lambda staged: staged.write_text(text))
+    write_file(path, lambda staged: staged.write_text(content))

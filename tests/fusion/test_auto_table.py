@@ -123,6 +123,17 @@ def test_tune_writes_a_table_auto_reads(tmp_path):
     assert all(limits == {"float32": 64} for limits in loaded.faster_up_to.values())
 
 
+def test_tune_prints_the_table_it_would_write(tmp_path):
+    env = {**__import__("os").environ, ENV: str(tmp_path / "never.json")}
+    result = subprocess.run([sys.executable, "-m", "ort_rmsnorm", "tune", "--hidden", "64", "--dtypes", "float16",
+                             "--rounds", "1", "--runs", "1", "--output", "-"], capture_output=True, text=True, env=env,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr
+    printed = json.loads(result.stdout[result.stdout.index("{"):])
+    assert printed["cpu"] == auto_table.cpu_key() and printed["onnxruntime"] and printed["format"] == 1
+    assert not (tmp_path / "never.json").exists()
+
+
 @pytest.mark.parametrize("arguments, problem", [
     (["--hidden", "0"], "row lengths"),
     (["--hidden", "64,x"], "row lengths"),
