@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from pathlib import Path
 from typing import Mapping
 
 import ml_dtypes
@@ -349,7 +348,9 @@ def _check_norms(original, fused, feeds: Mapping[str, np.ndarray], optimization:
                 folders.append(None)
             else:
                 models.append(onnx.load(str(model), load_external_data=False))
-                folders.append(str(Path(model).resolve().parent))
+                # The folder the file is named in, not the one a link leads to: a Hugging Face snapshot links
+                # model.onnx into blobs/, while the data file's name is relative to the snapshot's folder.
+                folders.append(os.path.dirname(os.path.abspath(model)))
     except (OSError, ValueError, RuntimeError) as error:  # files checked before: memory, over 2 GiB
         return norm_checks.NormReport([], [], problem=f"cannot read the models: {one_line(error)}")
 
@@ -366,7 +367,7 @@ def _check_norms(original, fused, feeds: Mapping[str, np.ndarray], optimization:
 
     try:
         return norm_checks.run_checks(models[1], models[0], (folders[0] or "", folders[1] or ""), feeds, run)
-    except (*_ORT_ERRORS, ValueError, OSError) as error:
+    except (*_ORT_ERRORS, ValueError, OSError, onnx.checker.ValidationError) as error:
         return norm_checks.NormReport([], [], problem=f"the models with their norms' values as outputs do not run: "
                                                       f"{one_line(error)}")
 
