@@ -21,7 +21,7 @@ from onnx import TensorProto, helper
 
 import ort_rmsnorm
 from fusion.norm_graphs import GraphBuilder, check_model, fused_nodes, run_fused, run_unfused
-from op_models import make_model
+from op_models import make_model, skip_unless_runtime_runs
 from reference import assert_matches_reference, random_array
 
 EPS = 1e-3
@@ -139,6 +139,7 @@ SPELLINGS = {
 @pytest.mark.parametrize("target", ["custom", "ort", "onnx"])
 @pytest.mark.parametrize("name", SPELLINGS)
 def test_l2_spellings_fuse_and_match_float64(name, target):
+    skip_unless_runtime_runs(target)
     form, kwargs = SPELLINGS[name]
     model, feeds, weights = l2_norm_model(form, **kwargs)
     eps = kwargs.get("eps", True)

@@ -76,6 +76,8 @@ def _axis(fused, original):
 def _scale_dropped(fused, original):
     node = _norm_nodes(fused)[-1]
     node.input[2] = ""
+    while node.input and not node.input[-1]:  # omitted trailing inputs left out, as exporters write them (an empty
+        del node.input[-1]                    # name there crashes onnxruntime 1.20-1.23, tests/op_models.py)
     return len(_norm_nodes(fused)) - 1, "scale (the original multiplies by a scale the fused op lacks)"
 
 
