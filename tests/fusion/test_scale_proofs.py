@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import ort_rmsnorm
 from fusion.norm_graphs import fused_nodes, run_fused, run_unfused
-from op_models import make_model
+from op_models import ORT_RELEASE, make_model
 from ort_rmsnorm.model_types import TypeTable
 from ort_rmsnorm.rewrites._facts import Facts, proven_shape
 from ort_rmsnorm.runtime import make_session, run
@@ -69,6 +69,8 @@ def _projected_model(rng) -> tuple[onnx.ModelProto, np.ndarray]:
 
 @pytest.mark.parametrize("target, op_type", [("custom", "RMSNorm"), ("ort", "SimplifiedLayerNormalization")])
 def test_scale_fused_where_the_graph_proves_the_dim(rng, target, op_type):
+    if ORT_RELEASE < (1, 21):  # the dim hidden from onnx here is proven by onnxruntime's symbolic inference
+        pytest.skip(f"onnxruntime {'.'.join(map(str, ORT_RELEASE))}'s symbolic inference leaves FastGelu's dim unknown")
     model, weight = _projected_model(rng)
     fused, report = ort_rmsnorm.fuse(model, target)
 

@@ -18,6 +18,7 @@ import ort_rmsnorm
 from ort_rmsnorm import norm_checks, verify
 from ort_rmsnorm.llama import LlamaConfig, build_llama_onnx
 from fusion.norm_graphs import Spelling, norm_model
+from op_models import skip_unless_runtime_runs
 
 CONFIG = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4)
 DIMS = {"batch": 2, "sequence": 6}
@@ -235,6 +236,7 @@ def test_models_with_external_data(tmp_path):
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_llama_norms_keep_their_definition(dtype, target):
     """The pass keeps the names of the norms' outputs (Y, and the residual ops' sum), so each is compared."""
+    skip_unless_runtime_runs(target, dtype)
     original = _llama(dtype)
     fused, _ = ort_rmsnorm.fuse(original, target=target, allow_opset_upgrade=True)
     result = verify.verify(original, fused, dims=DIMS)
@@ -269,6 +271,7 @@ def test_inputs_the_pass_made_are_compared_at_the_rows_size():
 def test_converted_norm_ops_keep_their_names(source):
     """A model holding onnxruntime's or ONNX's norm ops, converted to ours: each of ours is compared with the op it
     replaced."""
+    skip_unless_runtime_runs(source)
     original, _ = ort_rmsnorm.fuse(_llama(), target=source, allow_opset_upgrade=True)
     fused, report = ort_rmsnorm.fuse(original)
     assert {node.op_type for node in _norm_nodes(fused)} == {"RMSNorm", "SkipRMSNorm"}
