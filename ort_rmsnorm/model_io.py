@@ -569,15 +569,22 @@ def save_model(
     return output.with_name(data_name) if data_name else None
 
 
-def write_atomically(path: str | os.PathLike, write: Callable[[Path], None], *,
-                     protected: Iterable[Path] = ()) -> None:
-    """Writes ``path`` with ``write(temporary)`` atomically (:func:`ort_rmsnorm.durable.write_file`), refusing to
-    overwrite the ``protected`` files; :class:`ModelFileError` when it cannot."""
+def _writable_output(path: str | os.PathLike, protected: Iterable[Path]) -> Path:
+    """``path``, once its directory exists, it may be written (:func:`check_output_kind`) and it is none of the
+    ``protected`` files; :class:`ModelFileError` otherwise."""
     path = Path(path)
     if not path.parent.is_dir():
         raise ModelFileError(f"{path}: the directory {path.parent} does not exist")
     check_output_kind(path)
     refuse_overwriting(path, protected, "the input")
+    return path
+
+
+def write_atomically(path: str | os.PathLike, write: Callable[[Path], None], *,
+                     protected: Iterable[Path] = ()) -> None:
+    """Writes ``path`` with ``write(temporary)`` atomically (:func:`ort_rmsnorm.durable.write_file`), refusing to
+    overwrite the ``protected`` files; :class:`ModelFileError` when it cannot."""
+    path = _writable_output(path, protected)
     try:
         durable.write_file(path, write)
     except OSError as error:
@@ -595,11 +602,7 @@ def staged_text(path: str | os.PathLike, text: str, *, protected: Iterable[Path]
     place; the temporary is removed when the block ends without it. So a second output is written (a report, which
     may find no room) before the first is published, and published only with it. :class:`ModelFileError` when it
     cannot be written or renamed."""
-    path = Path(path)
-    if not path.parent.is_dir():
-        raise ModelFileError(f"{path}: the directory {path.parent} does not exist")
-    check_output_kind(path)
-    refuse_overwriting(path, protected, "the input")
+    path = _writable_output(path, protected)
     try:
         temporary = durable.stage_file(path, lambda staged: staged.write_text(text, encoding="utf-8"))
     except OSError as error:

@@ -69,3 +69,13 @@ def small_llama(small_llama_file, tmp_path) -> Path:
 @pytest.fixture(scope="session")
 def small_llama_config() -> LlamaConfig:
     return SMALL_LLAMA
+
+
+def one_line_error(result, *fragments: str) -> str:
+    """The one line a refused command writes on stderr (exit 2, no traceback), holding every fragment."""
+    assert result.returncode == 2, result
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]

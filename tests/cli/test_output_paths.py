@@ -20,17 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from cli.conftest import run_cli
+from cli.conftest import one_line_error, run_cli
 from ort_rmsnorm import cli, durable, folders, fusion, model_io
-
-
-def _one_line_error(result, *fragments: str) -> str:
-    assert result.returncode == 2, result
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-    return lines[0]
 
 
 def _identity(path: Path) -> tuple:
@@ -88,7 +79,7 @@ def test_special_output_is_refused_and_left_alone(model_file, tmp_path, kind, op
     special = _special(tmp_path, kind)
     before = _identity(special)
     args = [special, "--quiet"] if option == "OUT" else [tmp_path / "o.onnx", "--quiet", "--report", special]
-    line = _one_line_error(run_cli("fuse", model_file, *args), str(special), SAID[kind])
+    line = one_line_error(run_cli("fuse", model_file, *args), str(special), SAID[kind])
     assert "renamed into place" in line
     assert _identity(special) == before
     assert not (tmp_path / "o.onnx").exists() and _temporaries(tmp_path) == []
@@ -128,7 +119,7 @@ def test_special_data_file_is_refused(tmp_path):
     model = tmp_path / "ext.onnx"
     model_io.save_model(simplified_norm_model(1), model, external_data=True)
     os.mkfifo(tmp_path / "o.onnx.data")
-    _one_line_error(run_cli("fuse", model, tmp_path / "o.onnx", "--quiet"), "o.onnx.data", "a FIFO")
+    one_line_error(run_cli("fuse", model, tmp_path / "o.onnx", "--quiet"), "o.onnx.data", "a FIFO")
     assert not (tmp_path / "o.onnx").exists() and stat.S_ISFIFO(os.lstat(tmp_path / "o.onnx.data").st_mode)
 
 
@@ -162,7 +153,7 @@ def test_folder_report_to_stdout(tmp_path):
 
 def test_a_folder_out_for_a_model_is_refused(model_file, tmp_path):
     for out in (f"{tmp_path / 'new-folder'}/", str(tmp_path) + "/.", "."):
-        _one_line_error(run_cli("fuse", model_file, out, "--quiet", cwd=tmp_path), out,
+        one_line_error(run_cli("fuse", model_file, out, "--quiet", cwd=tmp_path), out,
                         "IN is a model file", "names a folder")
     assert os.listdir(tmp_path) == []
 
@@ -172,7 +163,7 @@ def test_a_onnx_file_out_for_a_folder_is_refused(tmp_path):
 
     folder = write_onnx_folder(tmp_path / "in")
     for name in ("fused.onnx", "FUSED.ONNX"):
-        _one_line_error(run_cli("fuse", folder, tmp_path / name, "--quiet"), "IN is a folder", "names a .onnx file")
+        one_line_error(run_cli("fuse", folder, tmp_path / name, "--quiet"), "IN is a folder", "names a .onnx file")
         assert not (tmp_path / name).exists()
 
 
@@ -186,7 +177,7 @@ def test_a_missing_input_is_said_before_any_import(tmp_path):
     assert result.stdout.split() == ["2", "[]"], result
     assert "absent.onnx: no such file or folder" in result.stderr
     verify = run_cli("verify", tmp_path / "absent.onnx", tmp_path / "other.onnx")
-    _one_line_error(verify, "absent.onnx: no such file or folder")
+    one_line_error(verify, "absent.onnx: no such file or folder")
 
 
 # --- a report that cannot be written: no output ---------------------------------------------------------------------

@@ -17,17 +17,9 @@ from deploy.conftest import run_cli, tree_digest
 from deploy.genai_folders import genai_config, simplified_norm_model
 from ort_rmsnorm import folders, model_io
 from ort_rmsnorm.folders import genai_config as config_text
+from cli.conftest import one_line_error
 from ort_rmsnorm.folders.layout import Component
 from ort_rmsnorm.folders.verify import CacheSizes, _genai_default_dims, match_template
-
-
-def _one_line_error(result, *fragments: str) -> str:
-    assert result.returncode == 2, result
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-    return lines[0]
 
 
 def _leftovers(parent: Path) -> list[str]:
@@ -51,7 +43,7 @@ def test_a_long_integer_in_the_config_is_refused(onnx_genai_folder, tmp_path, di
     assert text != path.read_text()
     path.write_text(text)
     out = tmp_path / "out"
-    line = _one_line_error(run_cli("fuse", onnx_genai_folder, out, "--quiet"), "genai_config.json",
+    line = one_line_error(run_cli("fuse", onnx_genai_folder, out, "--quiet"), "genai_config.json",
                            f"{digits} digits")
     assert len(line) < 400  # the number itself is not printed
     assert not out.exists() and _leftovers(tmp_path) == []
@@ -72,7 +64,7 @@ def test_a_long_integer_in_the_manifest_refuses_replace(onnx_folder, tmp_path):
     text = json.dumps(data, indent=2).replace('"format": 1', f'"format": 1{"0" * 5000}')
     manifest.write_text(text)
     before = tree_digest(out)
-    _one_line_error(run_cli("fuse", onnx_folder, out, "--replace", "--quiet"), str(out), folders.MANIFEST)
+    one_line_error(run_cli("fuse", onnx_folder, out, "--replace", "--quiet"), str(out), folders.MANIFEST)
     assert tree_digest(out) == before and _leftovers(tmp_path) == []
 
 
@@ -96,7 +88,7 @@ def test_bad_sizes_refused_by_verify(onnx_genai_folder, tmp_path, case):
     out = tmp_path / "out"
     folders.fuse_folder(onnx_genai_folder, out)
     _set(onnx_genai_folder, edit)
-    _one_line_error(run_cli("verify", onnx_genai_folder, out, "--quiet"), "genai_config.json", fragment)
+    one_line_error(run_cli("verify", onnx_genai_folder, out, "--quiet"), "genai_config.json", fragment)
 
 
 @pytest.mark.parametrize("case", ["head_size -1", "window_size -3"])
@@ -104,7 +96,7 @@ def test_bad_sizes_refused_by_fuse_verify_before_writing(onnx_genai_folder, tmp_
     edit, fragment = BAD_SIZES[case]
     _set(onnx_genai_folder, edit)
     out = tmp_path / "out"
-    _one_line_error(run_cli("fuse", onnx_genai_folder, out, "--verify", "--quiet"), fragment)
+    one_line_error(run_cli("fuse", onnx_genai_folder, out, "--verify", "--quiet"), fragment)
     assert not out.exists() and _leftovers(tmp_path) == []
 
 
@@ -129,7 +121,7 @@ def test_bad_dim_option_is_refused(tmp_path, dim):
     model = tmp_path / "m.onnx"
     model_io.save_model(simplified_norm_model(1), model)
     out = tmp_path / "o.onnx"
-    _one_line_error(run_cli("fuse", model, out, "--verify", "--dim", f"batch={dim}", "--quiet"), "--dim")
+    one_line_error(run_cli("fuse", model, out, "--verify", "--dim", f"batch={dim}", "--quiet"), "--dim")
     assert not out.exists()
 
 
