@@ -67,7 +67,7 @@ def _genai_model(folder: Path):
     return og.Model(str(folder))
 
 
-def _timed_generation(model, prompt: list[int], new_tokens: int, max_length: int) -> tuple[float, float, list[int]]:
+def timed_generation(model, prompt: list[int], new_tokens: int, max_length: int) -> tuple[float, float, list[int]]:
     """(prefill s, decode s for ``new_tokens`` tokens, tokens) of one greedy generation."""
     import onnxruntime_genai as og
 
@@ -85,7 +85,7 @@ def _timed_generation(model, prompt: list[int], new_tokens: int, max_length: int
     return prefill, time.perf_counter() - start, tokens
 
 
-def _with_session_settings(folder: Path, threads: int | None) -> None:
+def with_session_settings(folder: Path, threads: int | None) -> None:
     """Both folders' decoders: spinning threads stopped at the end of each run; ``threads`` intra-op threads."""
     path = folder / folders.GENAI_CONFIG
     config = json.loads(path.read_text())
@@ -141,7 +141,7 @@ def run_case(architecture: str, precision: str, hf_folder: Path, work: Path, arg
     case["skipped"] = [dataclasses.asdict(entry) for entry in report.models[0].report.skipped]
     case["config_changes"] = report.config_changes
     for folder in (original, fused):
-        _with_session_settings(folder, args.threads)
+        with_session_settings(folder, args.threads)
     config = json.loads((original / folders.GENAI_CONFIG).read_text())
     max_length = min(config["model"]["context_length"], args.prompt + args.new_tokens + 8)
     prompt = genai_folders.prompt_tokens(args.prompt, args.config.vocab_size)
@@ -150,7 +150,7 @@ def run_case(architecture: str, precision: str, hf_folder: Path, work: Path, arg
 
     try:
         models = {"original": _genai_model(original), "fused": _genai_model(fused)}
-        tokens = {name: _timed_generation(model, prompt, args.new_tokens, max_length)[2]
+        tokens = {name: timed_generation(model, prompt, args.new_tokens, max_length)[2]
                   for name, model in models.items()}
     except Exception as error:  # genai itself failing on the build (fp16 on CPU): recorded, not raised
         case["error"] = " ".join(str(error).split())
@@ -166,13 +166,13 @@ def run_case(architecture: str, precision: str, hf_folder: Path, work: Path, arg
     case["tokens_matched"] = _matched(tokens["original"], tokens["fused"])
     case["tokens_compared"] = len(tokens["original"])
     case["tokens_identical"] = tokens["original"] == tokens["fused"]
-    control_tokens = _timed_generation(_genai_model(control), prompt, args.new_tokens, max_length)[2]
+    control_tokens = timed_generation(_genai_model(control), prompt, args.new_tokens, max_length)[2]
     case["control_tokens_matched"] = _matched(tokens["original"], control_tokens)
 
     speeds = {name: Speed() for name in models}
     for index in runtime.turns(2, args.rounds):
         name = ("original", "fused")[index]
-        prefill, decode, _tokens = _timed_generation(models[name], prompt, args.new_tokens, max_length)
+        prefill, decode, _tokens = timed_generation(models[name], prompt, args.new_tokens, max_length)
         speeds[name].prefill_tokens_per_s.append(len(prompt) / prefill)
         speeds[name].decode_tokens_per_s.append(args.new_tokens / decode)
     case["speed"] = {name: {**speed.medians(), "samples": dataclasses.asdict(speed)} for name, speed in speeds.items()}

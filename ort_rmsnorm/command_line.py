@@ -24,6 +24,7 @@ from typing import Callable, Iterator, Sequence
 PROG = "ort-rmsnorm"
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process that SIGINT ended
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a process whose reader left
 TERMINATING_SIGNALS = ("SIGTERM", "SIGHUP")
 """Handled like Ctrl-C: raised as :class:`Terminated` where the program is."""
 _UNPRINTABLE = frozenset({"Cc", "Cs", "Zl", "Zp"})
@@ -167,7 +168,9 @@ def run_program(build_parser: Callable[[Sequence[str]], argparse.ArgumentParser]
             # Building the parser imports the subcommands' modules: an interrupt may land here too.
             args = build_parser(argv).parse_args(argv)
             name = name_of(args) if name_of is not None else name
-            return args.run(args)
+            status = args.run(args)
+            sys.stdout.flush()  # here, where a reader that left is caught below, not at the interpreter's exit
+            return status
     except Terminated as interrupt:  # the output and temporaries were cleaned up on the way here
         _print_error(f"{name}: interrupted ({signal.Signals(interrupt.signum).name})")
         return interrupted_status(interrupt.signum)
@@ -176,6 +179,10 @@ def run_program(build_parser: Callable[[Sequence[str]], argparse.ArgumentParser]
         return EXIT_INTERRUPTED
     except SystemExit:  # argparse's exits (--help, --version, usage errors): not through the next clause's imports
         raise
+    except BrokenPipeError:  # the reader of stdout left (`| head`): as a program killed by SIGPIPE, without a word
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush into the pipe
+        return EXIT_BROKEN_PIPE
     except UsageError as error:  # said at once: the next clause imports the modules of the other errors (seconds)
         _print_error(f"{name}: error: {for_cli(str(error))}")
         return EXIT_USAGE

@@ -2,7 +2,7 @@
 end-to-end runs (``benchmarks/genai_e2e.py``) and the deployment tests (``tests/deploy``).
 
 - :func:`make_hf_folder`: a Hugging Face folder (``config.json``, ``model.safetensors``, a byte-level BPE tokenizer
-  trained on a few sentences, ``tokenizer.json`` + ``tokenizer_config.json``) for Llama, Qwen3 or Gemma 2, built
+  trained on a few sentences, ``tokenizer.json`` + ``tokenizer_config.json``) for Llama, Qwen2, Qwen3 or Gemma 2, built
   from a config with ``transformers``; the norm weights are moved away from their ones/zeros initialization, so that
   a lost scale shows.
 - :func:`build_genai_folder`: onnxruntime-genai's model builder (``python -m onnxruntime_genai.models.builder``) on
@@ -32,7 +32,7 @@ import onnx
 
 from ..contract import qualified
 
-ARCHITECTURES = ("llama", "qwen3", "gemma2")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2")
 # Builder options per build: float32 weights and activations; int4 weights with the builder's default accuracy
 # level for CPU (4: MatMulNBits quantizes its activations to int8); int4 weights with float32 activations; float16
 # for the CPU execution provider.
@@ -94,19 +94,22 @@ def make_tokenizer(folder: Path, vocab_size: int) -> None:
     fast.save_pretrained(folder)
 
 
-def make_hf_folder(architecture: str, folder: Path, config: TinyConfig = TinyConfig(), seed: int = 0) -> Path:
-    """A random-weight Hugging Face causal LM folder of ``architecture`` (one of :data:`ARCHITECTURES`)."""
+def make_hf_folder(architecture: str, folder: Path, config: TinyConfig = TinyConfig(), seed: int = 0,
+                   **settings) -> Path:
+    """A random-weight Hugging Face causal LM folder of ``architecture`` (one of :data:`ARCHITECTURES`); ``settings``
+    are further Hugging Face config values (``tie_word_embeddings``, ``rope_theta``, ...)."""
     import torch
     import transformers
 
     overrides = {
         "llama": {},
+        "qwen2": {},
         "qwen3": dict(head_dim=config.head_dim),  # q_norm / k_norm over each head
         # A window the tiny context holds (the default 4096 is over the KV cache the generator allocates).
         "gemma2": dict(head_dim=config.head_dim, sliding_window=32),
     }[architecture]
     hf_config = transformers.AutoConfig.for_model(
-        architecture, **dataclasses.asdict(config), **overrides, pad_token_id=PAD, bos_token_id=BOS,
+        architecture, **dataclasses.asdict(config), **overrides, **settings, pad_token_id=PAD, bos_token_id=BOS,
         eos_token_id=EOS, initializer_range=0.1)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)

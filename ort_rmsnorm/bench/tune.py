@@ -1,9 +1,11 @@
 """``ort-rmsnorm tune``: this machine's table for the ``auto`` target, measured where decoders run norms.
 
 For each op (``RMSNorm``, ``SkipRMSNorm``) and type, from the shortest rows up, ours and onnxruntime's op are timed
-cold, side by side (:mod:`ort_rmsnorm.bench.cold`); onnxruntime's op is taken up to the longest row at which it was
-faster in at least three of four rounds, counting from the shortest, and the first length at which it was not ends
-that op and type's search (longer rows only favour our kernels more). The table is written to
+cold, side by side (:mod:`ort_rmsnorm.bench.cold`). A length is onnxruntime's when its op was faster in at least three
+of four rounds, ours when ours was, and a tie otherwise. The first length that is ours ends that op and type's search
+(longer rows only favour our kernels more); onnxruntime's op is taken up to the longest length before it that was
+onnxruntime's, ties below that included (a tie costs nothing either way; ending the search at the first tie would
+hand rows to the op measured slower at longer lengths). The table is written to
 :func:`ort_rmsnorm.auto_table.machine_table_path`, where ``auto`` reads it.
 """
 
@@ -37,18 +39,30 @@ class Cell:
     ours_us: float
     theirs_us: float
     ratios: tuple[float, float, float]  # quartiles of ours / theirs over the rounds
-    theirs_faster: bool
+    verdict: str  # THEIRS, OURS or TIE
+
+    @property
+    def theirs_faster(self) -> bool:
+        return self.verdict == THEIRS
 
     def line(self) -> str:
         q1, median, q3 = self.ratios
-        verdict = "onnxruntime's op faster" if self.theirs_faster else "ours as fast or faster"
+        verdict = {THEIRS: "onnxruntime's op faster", OURS: "ours faster", TIE: "a tie"}[self.verdict]
         return (f"{self.op:11} {self.dtype:8} H {self.hidden:5}: ours {self.ours_us:6.2f} us, onnxruntime's "
                 f"{self.theirs_us:6.2f} us, ours/theirs {median:.3f} [{q1:.3f}-{q3:.3f}]: {verdict}")
 
 
-def theirs_faster(ratios: Sequence[float]) -> bool:
-    """Onnxruntime's op faster: ours slower in at least three of four rounds."""
-    return sum(ratio > 1 for ratio in ratios) * 4 >= len(ratios) * 3
+THEIRS, OURS, TIE = "theirs", "ours", "tie"
+
+
+def verdict(ratios: Sequence[float]) -> str:
+    """Ours / theirs per round: THEIRS where ours was slower in at least three of four rounds, OURS where it was faster
+    in at least three of four, TIE otherwise."""
+    if sum(ratio > 1 for ratio in ratios) * 4 >= len(ratios) * 3:
+        return THEIRS
+    if sum(ratio < 1 for ratio in ratios) * 4 >= len(ratios) * 3:
+        return OURS
+    return TIE
 
 
 def measure(hidden_sizes: Sequence[int], dtypes: Sequence[str], *, rounds: int, runs: int, weight_mib: float,
@@ -68,12 +82,12 @@ def measure(hidden_sizes: Sequence[int], dtypes: Sequence[str], *, rounds: int, 
             result = cold.measure(contenders, dtype, hidden, stage_weights, rounds=rounds, runs=runs)
             ratios = result.ratios("ours", "theirs")
             cell = Cell(op, dtype, hidden, result.median("ours"), result.median("theirs"), cold.quartiles(ratios),
-                        theirs_faster(ratios))
+                        verdict(ratios))
             cells.append(cell)
             progress(cell.line())
-            if cell.theirs_faster:
+            if cell.verdict == THEIRS:
                 limits.setdefault(op, {})[dtype] = hidden
-            else:
+            elif cell.verdict == OURS:
                 done.add((op, dtype))
     measured_on = (f"measured cold on {cpu_key()}, onnxruntime {ort.__version__}, one thread, "
                    f"{time.strftime('%Y-%m-%d')}")

@@ -132,3 +132,19 @@ def test_a_hangup_ignored_by_the_parent_stays_ignored(model_folder, tmp_path):
     run.process.send_signal(signal.SIGHUP)
     assert run.finish() == 0, "\n".join(run.lines)
     assert (tmp_path / "out" / "model.onnx").is_file() and _temporaries(tmp_path) == []
+
+
+def test_a_reader_that_left_ends_the_program_quietly():
+    """`ort-rmsnorm info | head -1`: a standard output whose reader left ends the program with 128 + SIGPIPE, without a
+    traceback or a line about the exception on stderr."""
+    import os
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = subprocess.run([sys.executable, "-m", "ort_rmsnorm", "info"], stdout=write_end, stderr=subprocess.PIPE,
+                                text=True, timeout=300)
+    finally:
+        os.close(write_end)
+    assert result.returncode == 141, result.stderr
+    assert result.stderr == ""

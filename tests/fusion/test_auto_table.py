@@ -160,3 +160,36 @@ def test_tune_leaves_a_link_where_the_table_would_go(tmp_path):
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "symbolic link" in result.stderr and "Traceback" not in result.stderr
     assert link.is_symlink() and target.read_text() == "{}"
+
+
+def test_tune_takes_onnxruntime_up_to_its_last_win_before_ours(monkeypatch):
+    """The search rule on prescribed per-round ratios (ours / theirs): a tie does not end a search, a length where ours
+    wins does, and onnxruntime's op is taken up to the longest length it won before that."""
+    from ort_rmsnorm.bench import cold, tune
+
+    theirs, ours, tie = [1.1] * 8, [0.9] * 8, [1.1] * 4 + [0.9] * 4
+    script = {  # (op, dtype) -> ratios per length, lengths 64, 128, 256, 512
+        ("RMSNorm", "float32"): [tie, theirs, tie, ours],
+        ("SkipRMSNorm", "float32"): [theirs, theirs, theirs, theirs],
+        ("RMSNorm", "float16"): [ours, theirs, theirs, theirs],
+        ("SkipRMSNorm", "float16"): [tie, tie, tie, tie],
+    }
+    lengths = [64, 128, 256, 512]
+    measured = []
+
+    def fake_measure(contenders, dtype, hidden, stage_weights, *, rounds, runs):
+        op = contenders[0].op
+        measured.append((op, dtype, hidden))
+        ratios = script[(op, dtype)][lengths.index(hidden)]
+        return cold.ColdResult(hidden, dtype, {"ours": list(ratios), "theirs": [1.0] * len(ratios)})
+
+    monkeypatch.setattr(cold, "measure", fake_measure)
+    monkeypatch.setattr(cold, "weights", lambda hidden, stages, mib: [])
+    table, cells = tune.measure(lengths, ["float32", "float16"], rounds=8, runs=1, weight_mib=1, library="unused",
+                                progress=lambda line: None)
+    assert table.faster_up_to == {"RMSNorm": {"float32": 128}, "SkipRMSNorm": {"float32": 512}}
+    # Ours at a length ends that op and type's search; ties go on.
+    assert ("RMSNorm", "float16", 128) not in measured and ("RMSNorm", "float32", 512) in measured
+    assert ("SkipRMSNorm", "float16", 512) in measured
+    assert [cell.verdict for cell in cells if (cell.op, cell.dtype) == ("RMSNorm", "float32")] == [
+        tune.TIE, tune.THEIRS, tune.TIE, tune.OURS]
