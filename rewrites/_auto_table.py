@@ -3,10 +3,11 @@ a decoder): the shipped table of the ``auto`` target, written by ``benchmarks/co
 edit by hand). ``ort-rmsnorm tune`` writes a table of the user's machine, which ``auto`` reads first
 (``ort_rmsnorm.auto_table``).
 
-FASTER_UP_TO[op][dtype]: the largest row length (elements normalized per row) at which onnxruntime's op
-(SimplifiedLayerNormalization for RMSNorm, com.microsoft.SkipSimplifiedLayerNormalization for SkipRMSNorm) was
-measured faster than ours in at least three of four rounds, counting from the shortest rows up; an op or type
-absent: ours was as fast or faster at every length measured.
+FASTER_UP_TO[op][dtype]: onnxruntime's op (SimplifiedLayerNormalization for RMSNorm,
+com.microsoft.SkipSimplifiedLayerNormalization for SkipRMSNorm) is taken on rows (elements normalized per row) up to
+this length: the longest at which it was measured faster than ours in at least three of four rounds, below the first
+length at which ours was faster in three of four (``ort_rmsnorm.bench.tune``); an op or type absent: onnxruntime's op
+was faster at no length before ours was.
 """
 
 MEASURED_ON = 'measured cold on Intel(R) Xeon(R) Processor (vendor_id GenuineIntel, cpu family 6, model 207, stepping 2), onnxruntime 1.32.0, one thread, 2026-12-07'
