@@ -356,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
                 file.unlink()
     minutes = (time.perf_counter() - start) / 60
 
-    from ort_rmsnorm.rewrites._auto import current_table
+    from ort_rmsnorm.rewrites._target_auto import current_table
 
     tables = [table([r for r in rows if r["threads"] == threads], models, threads) for threads in thread_counts]
     text = "\n\n".join(tables) + "\n"

@@ -77,7 +77,7 @@ CUSTOM, ONNX, ORT, AUTO, DECOMPOSED = "custom", "onnx", "ort", "auto", "decompos
 TARGETS = (CUSTOM, ONNX, ORT, AUTO, DECOMPOSED)
 """``custom``: our ops; ``onnx``: ``RMSNormalization``; ``ort``: onnxruntime's built-in ops; ``auto``: per norm, ours or
 onnxruntime's, whichever is faster on the CPU; ``decomposed``: plain ONNX ops (docs/fusion.md). The pass defines what
-each emits (``rewrites/_targets.py``, ``_auto.py``, ``_decomposed.py``), in this order."""
+each emits (``rewrites/_target_<name>.py``) and lists them in this order (``rewrites/_target_list.py``)."""
 DEFAULT_TARGET = CUSTOM
 
 # ---- verification ------------------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from ort_rmsnorm.contract import (
 )
 from ort_rmsnorm.model_graphs import nodes
 
+from ._emit import default_opset
 from ._facts import (
     NORM_DTYPES,
     NotFusable,
@@ -46,10 +47,10 @@ from ._facts import (
     same_shape,
 )
 from ._naming import node_path
-from ._rule import FusionRule, NormRule
+from ._rule_base import FusionRule, NormRule
 from ._scales import scale_spec
 from ._session import FusionSession
-from ._targets import NormSpec, SkipSpec, default_opset
+from ._specs import NormSpec, SkipSpec
 
 
 class BrokenContract(ValueError):

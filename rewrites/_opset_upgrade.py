@@ -21,8 +21,8 @@ import onnx_ir.passes.common as common_passes
 from ort_rmsnorm.contract import ONNX_DOMAINS, OP_DOMAIN
 from ort_rmsnorm.model_graphs import values_of, walk
 
+from ._emit import default_opset
 from ._facts import label
-from ._targets import default_opset
 
 # A node set aside is in one of these while the converter runs (one per spelling of the default domain, so that each
 # node gets its own spelling back).

@@ -23,21 +23,21 @@ from ort_rmsnorm.model_types import TypeTable, infer_types
 from ._annotations import Annotations, visiting_order
 from ._cleanup import between_phases, finish
 from ._conversions import check_our_ops, declared_dtype
+from ._emit import default_opset
 from ._facts import Facts, label
-from ._norm_rules import squared_operand, unfused_reduction
+from ._norm_fusion import squared_operand, unfused_reduction
 from ._opset_upgrade import upgrade_default_opset
 from ._report import FusionReport
-from ._rule_set import PhasedRuleSet, build_phases
+from ._phases import PhasedRuleSet, build_phases
 from ._session import FusionSession
 from ._target_list import get_target
-from ._targets import default_opset
 
 
 def rules(
     target: str = DEFAULT_TARGET, *, types: TypeTable | None = None, through_qdq: bool = False
 ) -> pattern.RewriteRuleSet:
     """The fusion rules for ``target`` as an onnxscript RewriteRuleSet, to compose with other rewrites (it applies
-    its phases one after the other, see ``_rule_set``).
+    its phases one after the other, see ``_phases``).
 
     Shapes come from the model's annotations, or from ``types`` (see :func:`infer_types`); run shape inference first
     (e.g. onnx_ir's ShapeInferencePass), as rules skip candidates whose rank or dims they cannot see. Applied this

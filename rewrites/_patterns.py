@@ -17,7 +17,7 @@ form                last node                                           phase
 order) or ``Cast(factor)``: the factor-times-scale form ``x * (inverse * scale)``, which TensorFlow's graph optimizer
 makes of ``x * inverse * scale`` when the scale is a constant; each Cast may be a ``CastLike``, whose forms are
 ``factor_castlike``, ``scale_castlike`` and ``castlike``.) A larger form contains the smaller ones, so the rules are
-applied in phases, the largest form first over the whole model (see ``_rule_set``): a norm is fused as far as it goes,
+applied in phases, the largest form first over the whole model (see ``_phases``): a norm is fused as far as it goes,
 and where a larger form's check fails (a scale that varies along batch axes, a cast that changes the output type), a
 smaller one fuses in a later phase and the report says what was left out. A factor form has no smaller form: the
 scale is multiplied in before x, so the norm is fused with it or not at all.
@@ -34,7 +34,7 @@ FACTORS = ("factor_cast", "factor_castlike", "factor", "factor_swapped")
 FORMS = {
     # The factor forms come first in their phases: a rule of a phase that declines a candidate leaves it to the next
     # rule at the same node, and ``Mul(x, Mul(inverse, w))`` also looks like the scale form ``Mul(scale, normalized)``
-    # with x as the scale (whose check then stays silent, see ``_norm_rules``).
+    # with x as the scale (whose check then stays silent, see ``_norm_fusion``).
     "factor_cast": 0,
     "factor_castlike": 0,
     "scale_cast": 0,

@@ -9,7 +9,7 @@ from ort_rmsnorm.contract import unqualified
 
 from ._facts import NORM_DTYPES, SIXTEEN_BIT, NotFusable, dtype_name, format_shape, label, same_shape
 from ._naming import node_path
-from ._rule import FusionRule
+from ._rule_base import FusionRule
 from ._session import FusionSession
 
 

@@ -17,7 +17,7 @@ from ._facts import (
     scalar_of,
     static_dims,
 )
-from ._targets import Scale
+from ._specs import Scale
 
 
 def scale_spec(scale: ir.Value | None, x_shape: ir.Shape | None, normalized: int, facts: Facts) -> Scale | None:

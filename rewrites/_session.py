@@ -14,7 +14,8 @@ from ort_rmsnorm.model_graphs import Scope
 
 from ._facts import Facts, NotFusable, dtype_name, float_attribute, int_attribute, label
 from ._report import Fusion, FusionReport, Skipped
-from ._targets import NormSpec, Target
+from ._specs import NormSpec
+from ._target_base import Target
 
 
 ValueFacts = tuple[str | None, ir.DataType | None, ir.Shape | None]
@@ -84,7 +85,7 @@ class FusionSession:
         self._locations = {id(scope.graph): scope.location for scope in scopes}
         self._order = order or {}
         self.phase = 0
-        """The phase of rules running (``_rule_set``): a near miss of a later phase is that of a smaller form."""
+        """The phase of rules running (``_phases``): a near miss of a later phase is that of a smaller form."""
         self.fused: list[FusedNode] = []
         self._fused_by_node: dict[ir.Node, FusedNode] = {}  # by the node each fusion emitted last (``.node``)
         self._emitted: set[ir.Value] = set()  # the values of every fusion's ``outputs``

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from ._auto import AutoTarget
-from ._decomposed import DecomposedTarget
-from ._targets import CustomTarget, OnnxTarget, OrtTarget, Target
+from ._target_auto import AutoTarget
+from ._target_base import Target
+from ._target_custom import CustomTarget
+from ._target_decomposed import DecomposedTarget
+from ._target_onnx import OnnxTarget
+from ._target_ort import OrtTarget
 
 TARGETS: dict[str, Target] = {
     target.name: target for target in (CustomTarget(), OnnxTarget(), OrtTarget(), AutoTarget(), DecomposedTarget())

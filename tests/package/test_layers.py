@@ -7,7 +7,7 @@ that package, and no modules import each other in a loop. A new module must be p
 The command line's cheap subcommands must not import the pass or torch (checked in a fresh interpreter).
 
 Each constant has one home: the targets are named in ``contract.TARGETS`` and defined once in the pass, which
-alone compares target names (``rewrites/_targets.py``).
+alone compares target names (``rewrites/_target_list.py``).
 """
 
 from __future__ import annotations
@@ -184,7 +184,7 @@ def test_target_names_are_compared_only_where_targets_are_defined():
     spellings = {"CUSTOM", "ONNX", "ORT", "TARGETS"}
     wrong = []
     for module, path in _installed_modules().items():
-        if module == f"{PACKAGE}.rewrites._targets" or module == f"{PACKAGE}.contract":
+        if module == f"{PACKAGE}.rewrites._target_list" or module == f"{PACKAGE}.contract":
             continue
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if not isinstance(node, ast.Compare):
@@ -194,7 +194,7 @@ def test_target_names_are_compared_only_where_targets_are_defined():
                 isinstance(operand, ast.Attribute) and operand.attr in ("name", "target") for operand in operands
             ) or any(isinstance(operand, ast.Name) and operand.id in spellings for operand in operands):
                 wrong.append(f"{module}:{node.lineno}")
-    assert not wrong, f"target names compared outside rewrites/_targets.py: {wrong}"
+    assert not wrong, f"target names compared outside rewrites/_target_list.py: {wrong}"
 
 
 _IMPORTED_BY = """

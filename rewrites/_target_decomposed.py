@@ -3,7 +3,7 @@ any runtime at any opset runs, computing the same thing with the float32 accumul
 
 ``Y = Cast_T(Cast_f32(X) * Reciprocal(Sqrt(ReduceMean(Cast_f32(X)^2) + eps)) * Cast_f32(scale))`` over the
 normalized axes (epsilon outside the sqrt: ``Reciprocal(Sqrt(.) + eps)``); the Casts only for 16-bit types, so a
-16-bit norm is computed in float32 and rounded once, as ours. A residual op is its sum's Adds (``_targets.emit_sum``)
+16-bit norm is computed in float32 and rounded once, as ours. A residual op is its sum's Adds (``_emit.emit_sum``)
 and the norm of the sum. The steps round in float32 where ours keeps the statistic in float64: the two differ by a
 few float32 roundings, inside ``verify``'s tolerance. The pass fuses such a graph back into our ops.
 """
@@ -17,8 +17,10 @@ import onnx_ir as ir
 
 from ort_rmsnorm.contract import DECOMPOSED, EPS_OUTSIDE, NORM_OPS, SKIP_NORM_OPS
 
+from ._emit import default_opset, scale_input
 from ._facts import NORM_DTYPES, Facts, NotFusable, dtype_name
-from ._targets import NormSpec, Target, default_opset, scale_input
+from ._specs import NormSpec
+from ._target_base import Target
 
 # ReduceMean takes its axes as an input from this opset on (before it, as an attribute).
 AXES_INPUT_OPSET = 18

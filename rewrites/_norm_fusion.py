@@ -1,5 +1,5 @@
 """The RMSNorm rule: a decomposed RMSNorm in one of the forms of ``_patterns`` -> the target's norm op, where the
-subgraph computes exactly an RMSNorm (the checks below) and the target can express it (``_targets``)."""
+subgraph computes exactly an RMSNorm (the checks below) and the target can express it (``Target.adapt``)."""
 
 from __future__ import annotations
 
@@ -44,10 +44,10 @@ from ._patterns import (
     rms_and_inverse,
 )
 from ._quantized import numerator_roundings, quantized_roundings
-from ._rule import NormRule
+from ._rule_base import NormRule
 from ._scales import scale_spec
 from ._session import FusionSession
-from ._targets import NormSpec, Scale
+from ._specs import NormSpec, Scale
 
 
 # The output each form's pattern names (the match's root is its producer).

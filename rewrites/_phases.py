@@ -22,7 +22,7 @@ from onnxscript.rewriter import pattern
 from ort_rmsnorm.contract import NORM_OPS, SKIP_NORM_OPS
 
 from ._conversions import NormOpConversion, SkipOpConversion
-from ._norm_rules import RMSNormFusion
+from ._norm_fusion import RMSNormFusion
 from ._patterns import FORMS
 from ._residual import SkipFusion
 from ._session import FusionSession

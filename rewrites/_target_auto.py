@@ -34,7 +34,10 @@ from ort_rmsnorm.auto_table import SHIPPED, AutoTable, load
 
 from ._auto_table import FASTER_UP_TO, MEASURED_ON
 from ._facts import SIXTEEN_BIT, Facts, NotFusable, dtype_name, int_attribute, static_dims
-from ._targets import CustomTarget, NormSpec, OrtTarget, SkipOp, SkipSpec, Target
+from ._specs import NormSpec, SkipSpec
+from ._target_base import SkipOp, Target
+from ._target_custom import CustomTarget
+from ._target_ort import OrtTarget
 
 
 @dataclasses.dataclass(frozen=True)
