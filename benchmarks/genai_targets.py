@@ -246,7 +246,7 @@ def _cpu_name() -> str:
 
 
 def _auto_table_line() -> str:
-    from ort_rmsnorm.rewrites._auto import current_table
+    from ort_rmsnorm.rewrites._target_auto import current_table
 
     table = current_table()
     return f"{dict(table.faster_up_to)} ({table.describe()})"
