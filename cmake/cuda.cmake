@@ -39,7 +39,10 @@ target_link_libraries(ort_rmsnorm_cuda PUBLIC CUDA::cudart_static ort_rmsnorm_ke
 
 if(ORT_RMSNORM_BUILD_TESTS)
   set(CUDA_TEST_DIR ${PROJECT_SOURCE_DIR}/tests/cuda)
-  add_executable(ort_rmsnorm_gpu_check ${CUDA_TEST_DIR}/gpu_check.cu)
+  # The program (options, report), where the kernels run (GPU or emulation), the numerics, the benchmark: apart, so
+  # that they compile in parallel.
+  add_executable(ort_rmsnorm_gpu_check ${CUDA_TEST_DIR}/gpu_check.cu ${CUDA_TEST_DIR}/gpu_executor.cu
+    ${CUDA_TEST_DIR}/gpu_check_numerics.cu ${CUDA_TEST_DIR}/gpu_bench.cu)
   target_include_directories(ort_rmsnorm_gpu_check PRIVATE ${KERNEL_DIR} ${PROJECT_SOURCE_DIR}/tests/cpp)
   # The emulation reads host buffers through the kernels' word types, as the GPU does.
   target_compile_options(ort_rmsnorm_gpu_check PRIVATE ${ORT_RMSNORM_CUDA_WARNINGS}

@@ -13,10 +13,9 @@ and written atomically, its weights next to it as ``OUT.onnx.data`` when they do
     report = ort_rmsnorm.fusion.fuse_model(model)     # only small constants are read
     onnx_ir.save(model, "fused.onnx", external_data="fused.onnx.data")
 
-Targets: ``custom`` (default; ``ort_rmsnorm.RMSNorm`` / ``SkipRMSNorm``, needs this package's library at run time),
-``onnx`` (standard ``RMSNormalization``, opset 23) and ``ort`` (onnxruntime's built-in
-``SimplifiedLayerNormalization`` / ``com.microsoft.SkipSimplifiedLayerNormalization``). docs/fusion.md lists every
-recognized spelling and every reason a candidate is skipped.
+Targets: the names in :data:`ort_rmsnorm.contract.TARGETS`, which says what each writes; the default, ``custom``,
+writes ``ort_rmsnorm.RMSNorm`` / ``SkipRMSNorm``, which need this package's library at run time. docs/fusion.md lists
+every recognized spelling and every reason a candidate is skipped.
 
 The pass (``ort_rmsnorm.rewrites``, which imports onnxscript) is imported on first use, after a file's checks: a bad
 input fails fast.
@@ -126,7 +125,7 @@ def fuse_file(
         destination: the fused model, written atomically; external data goes to ``<destination>.data`` when the
             model has some or its weights would not fit one file. It may not be ``source`` or one of its data files
             (through any link either), and its folder must exist.
-        target: ``"custom"``, ``"onnx"`` or ``"ort"``.
+        target: one of :data:`ort_rmsnorm.contract.TARGETS`.
         report_path: where to write the report as JSON too (atomically; not over the input or the output). It is
             written before the model and renamed into place after it: when it cannot be written, neither is the model
             (a model already renamed into place is removed).
@@ -193,7 +192,7 @@ def fuse(model: ModelLike, target: str = DEFAULT_TARGET, *, allow_opset_upgrade:
             loaded as :func:`fuse_file` does, external data included; a ModelProto is returned). A missing,
             unreadable, corrupted or invalid file, or missing external data, raises
             :class:`ort_rmsnorm.model_io.ModelFileError` naming the file.
-        target: ``"custom"``, ``"onnx"`` or ``"ort"``.
+        target: one of :data:`ort_rmsnorm.contract.TARGETS`.
         allow_opset_upgrade: with ``target="onnx"``, convert a model below opset 23 with onnx's version converter
             (otherwise its norms are reported as skipped).
         through_qdq: fuse norms across the QuantizeLinear/DequantizeLinear pairs inside them, as :func:`fuse_file`.

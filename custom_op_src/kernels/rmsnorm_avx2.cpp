@@ -1,7 +1,7 @@
 // AVX2 + FMA + F16C kernels (8 float lanes). Compiled with -mavx2 -mfma -mf16c; run only when the CPU has them.
 #include <immintrin.h>
 
-#include "row_algorithm.h"
+#include "isa_kernels.h"
 
 namespace ort_rmsnorm {
 namespace {

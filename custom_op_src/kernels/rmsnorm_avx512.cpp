@@ -9,7 +9,7 @@
 #include <type_traits>
 
 #include "bfloat16_square_pairs.h"
-#include "row_algorithm.h"
+#include "isa_kernels.h"
 
 namespace ort_rmsnorm {
 namespace {

@@ -12,7 +12,7 @@
 // made quiet instead of rounded (rounding could carry a NaN's payload into infinity).
 #include <arm_neon.h>
 
-#include "row_algorithm.h"
+#include "isa_kernels.h"
 
 namespace ort_rmsnorm {
 namespace {

@@ -1,6 +1,6 @@
 // Portable kernels. The "vector" is four plain floats: it gives the algorithm the same number of partial sums as
 // the SIMD paths (hence the same accuracy), and the compiler is free to vectorize it with the baseline ISA.
-#include "row_algorithm.h"
+#include "isa_kernels.h"
 
 // The lane operations are forced inline: left to itself GCC calls Fma out of line for every vector of the sum of
 // squares, its operands passed through the stack.

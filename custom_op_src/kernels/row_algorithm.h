@@ -1,5 +1,7 @@
-// The RMSNorm row algorithm, written once over a vector-traits class `V` and instantiated by each
-// instruction-set translation unit (rmsnorm_<isa>.cpp) with its own compiler flags.
+// The RMSNorm row algorithm, written once over a vector-traits class `V`: a row's sum of squares, its scaling, the
+// pipelining of one row's loads under another's arithmetic, and the rows in float64. SkipRMSNorm's staging path over
+// it is skip_rows.h; what each instruction-set translation unit (rmsnorm_<isa>.cpp) instantiates with its own
+// compiler flags is isa_kernels.h.
 //
 // V provides, for float32 lanes of width V::kWidth:
 //   using F;  static F Zero();  static F Set1(float);  static F Add(F, F);  static F Mul(F, F);
@@ -35,7 +37,6 @@
 #include "rmsnorm_kernels.h"
 #include "row_statistics.h"
 #include "scalar_convert.h"
-#include "staging.h"
 
 namespace ort_rmsnorm {
 namespace {
@@ -127,78 +128,6 @@ void StorePairOfVectors(T* p, typename V::F a, typename V::F b) {
     V::StorePair(p, a, b);
   }
 }
-
-// Where the first pass leaves SkipRMSNorm's normalized row: `stage`, cached memory the second pass reads it back
-// from (reading it is cheaper than forming it again: two loads, an add and a rounding, which for 16-bit types cost
-// more than the rest of the pass), holding round_T(s) (Stage = T) or the float32 sum s itself (Stage = float, for
-// 16-bit T with normalize_float32_sum); and `sum`, the `sum` output, when that is not the stage itself (the stage
-// is in scratch, see staging.h): written with streaming stores when kStreaming, null when there is no `sum`.
-template <class V, bool kStreaming, typename T, typename Stage>
-struct HSink {
-  static constexpr bool kSeparateSum = kStreaming || !std::is_same_v<Stage, T>;
-  Stage* stage;
-  T* sum;
-
-  void Store(int64_t i, typename V::F v) const {
-    V::Store(stage + i, v);
-    if constexpr (kSeparateSum) {
-      if (sum) StoreVector<V, kStreaming>(sum + i, v);
-    }
-  }
-  void StorePartial(int64_t i, typename V::F v, int64_t m) const {
-    ort_rmsnorm::StorePartial<V>(stage + i, v, m);
-    if (kSeparateSum && sum) ort_rmsnorm::StorePartial<V>(sum + i, v, m);
-  }
-};
-
-// Whether V has StageSum for T (AVX-512 with FP16 adds float16 rows in float16).
-template <class V, typename T, class = void>
-struct HasStageSum : std::false_type {};
-template <class V, typename T>
-struct HasStageSum<V, T,
-                   decltype(static_cast<void>(V::template StageSum<false>(
-                       std::declval<const T*>(), std::declval<const T*>(), std::declval<T*>(), std::declval<T*>())))>
-    : std::true_type {};
-
-// SkipRMSNorm's first-pass row: s = (x + skip) + bias in float32 (the bias term when kBias), staged to `h` as it
-// is formed; returns the normalized values, round_T(s) or s (Stage = float). The sum is handed unrounded to both
-// the store (which rounds) and Round, so the compiler computes the rounding once for the two.
-template <class V, bool kStreaming, typename T, typename Stage, bool kBias>
-struct SkipSumRow {
-  const T* x;
-  const T* skip;
-  const float* bias;  // one row for all: it stays in cache, so it is not prefetched
-  HSink<V, kStreaming, T, Stage> h;
-  void Prefetch(int64_t i) const {
-    PrefetchToL2(x + i);
-    PrefetchToL2(skip + i);
-  }
-  typename V::F Load(int64_t i) const {
-    // StageSum adds x + skip in T, which rounds to the same bits as the float32 sum: only for round_T(x + skip).
-    if constexpr (HasStageSum<V, T>::value && std::is_same_v<Stage, T> && !kBias) {
-      return V::template StageSum<kStreaming>(x + i, skip + i, h.stage + i, h.sum ? h.sum + i : nullptr);
-    }
-    typename V::F sum = V::Add(V::Load(x + i), V::Load(skip + i));
-    if constexpr (kBias) sum = V::Add(sum, V::Load(bias + i));
-    h.Store(i, sum);
-    return Normalized(sum);
-  }
-  typename V::F LoadPartial(int64_t i, int64_t m) const {
-    typename V::F sum = V::Add(ort_rmsnorm::LoadPartial<V>(x + i, m), ort_rmsnorm::LoadPartial<V>(skip + i, m));
-    if constexpr (kBias) sum = V::Add(sum, ort_rmsnorm::LoadPartial<V>(bias + i, m));
-    h.StorePartial(i, sum, m);
-    return Normalized(sum);
-  }
-
- private:
-  static typename V::F Normalized(typename V::F sum) {
-    if constexpr (std::is_same_v<Stage, T>) {
-      return V::template Round<T>(sum);
-    } else {
-      return sum;
-    }
-  }
-};
 
 // Whether V has `F SquarePairs(const BFloat16* p, F acc)`: acc + the squares of 2 * kWidth bfloat16 values, two per
 // lane, in the order AVX512-BF16's vdpbf16ps adds them; and whether it has `F DotSquares(const BFloat16* p, F acc)`,
@@ -412,128 +341,6 @@ void NormalizeRowRange(const RowBatch<T>& batch, int64_t begin, int64_t end, boo
       scaler.Rest(0, n);
     }
   }
-}
-
-// SkipRMSNorm's rows [begin, end): round_T(s) staged in `sum`, else in `y` (its second pass overwrites it in place),
-// or in the caller's scratch (StagesInScratch), where the float32 sum is staged too. Every staging target is written
-// at index i only after x[i] and skip[i] were read, so any aliasing onnxruntime chooses (Y over X, sum over skip) is
-// safe.
-template <class V, bool kStreaming, bool kNoNaN, typename Stage, bool kBias, typename T>
-void NormalizeSkipRowsStaged(const RowBatch<T>& batch, int64_t begin, int64_t end, bool pipeline) {
-  const int64_t n = batch.cols;
-  constexpr bool kInScratch = HSink<V, kStreaming, T, Stage>::kSeparateSum;  // StagesInScratch(batch)
-  unsigned char* const scratch = static_cast<unsigned char*>(batch.scratch);
-  const int64_t staged_row_bytes = StagedRowBytes(batch);
-  const auto stage = [&](int64_t r) -> Stage* {
-    if constexpr (kInScratch) {
-      return reinterpret_cast<Stage*>(scratch + (pipeline ? (r & 1) : 0) * staged_row_bytes);
-    } else {
-      return (batch.sum ? batch.sum : batch.y) + r * n;
-    }
-  };
-  const auto stat = [&](int64_t r) {
-    T* const sum = kInScratch && batch.sum ? batch.sum + r * n : nullptr;
-    return SkipSumRow<V, kStreaming, T, Stage, kBias>{batch.x + r * n, batch.skip + r * n, batch.bias, {stage(r), sum}};
-  };
-  const auto out = [&](int64_t r) { return InputRow<V, Stage>{stage(r)}; };
-  NormalizeRowRange<V, kStreaming, kNoNaN>(batch, begin, end, pipeline, stat, out);
-}
-
-template <class V, bool kStreaming, bool kNoNaN, bool kBias, typename T>
-void NormalizeSkipRows(const RowBatch<T>& batch, int64_t begin, int64_t end, bool pipeline) {
-  if constexpr (sizeof(T) < sizeof(float)) {
-    if (NormalizesFloat32Sum(batch)) {
-      NormalizeSkipRowsStaged<V, kStreaming, kNoNaN, float, kBias>(batch, begin, end, pipeline);
-      return;
-    }
-  }
-  NormalizeSkipRowsStaged<V, kStreaming, kNoNaN, T, kBias>(batch, begin, end, pipeline);
-}
-
-template <class V, bool kStreaming, bool kNoNaN, typename T>
-void NormalizeRowsAs(const RowBatch<T>& batch, int64_t begin, int64_t end, bool pipeline) {
-  const int64_t n = batch.cols;
-  if (!batch.skip) {
-    const auto row = [&](int64_t r) { return InputRow<V, T>{batch.x + r * n}; };
-    NormalizeRowRange<V, kStreaming, kNoNaN>(batch, begin, end, pipeline, row, row);
-  } else if (batch.bias) {
-    NormalizeSkipRows<V, kStreaming, kNoNaN, true>(batch, begin, end, pipeline);
-  } else {
-    NormalizeSkipRows<V, kStreaming, kNoNaN, false>(batch, begin, end, pipeline);
-  }
-}
-
-// Whether no value of `scale` is infinite or NaN: then no output of a row on the fast path is NaN. There a row's sum
-// of squares is finite, so are its values x and the factor, and |x * factor| <= sqrt(cols); times a finite gain that
-// is finite or overflows to an infinity, never NaN. (x * 0 is 0 for finite x, NaN for infinities and NaN.)
-template <class V>
-bool ScaleIsFinite(const float* scale, int64_t n) {
-  using F = typename V::F;
-  constexpr int64_t W = V::kWidth;
-  F a0 = V::Zero(), a1 = V::Zero(), a2 = V::Zero(), a3 = V::Zero();
-  int64_t i = 0;
-  for (; i + 4 * W <= n; i += 4 * W) {
-    a0 = V::Fma(V::Load(scale + i), V::Zero(), a0);
-    a1 = V::Fma(V::Load(scale + i + W), V::Zero(), a1);
-    a2 = V::Fma(V::Load(scale + i + 2 * W), V::Zero(), a2);
-    a3 = V::Fma(V::Load(scale + i + 3 * W), V::Zero(), a3);
-  }
-  for (; i < n; i += W) a0 = V::Fma(LoadPartial<V>(scale + i, n - i < W ? n - i : W), V::Zero(), a0);
-  return V::ReduceAdd(V::Add(V::Add(a0, a1), V::Add(a2, a3))) == 0.0f;
-}
-
-template <class V, bool kStreaming, typename T>
-void NormalizeRowsWith(const RowBatch<T>& batch, int64_t begin, int64_t end) {
-  const int64_t n = batch.cols;
-  // Pipelining pays when the rows come from outside L2, which streaming calls imply: rows in L1/L2 were measured
-  // slower with it, and so was the compute-bound scalar code. float32 rows gain from 32 KB (H = 8192), once the next
-  // row is prefetched in parts; shorter ones were no faster or slower (docs/benchmarks.md, "What limits the
-  // kernels").
-  constexpr int64_t kMinPipelinedFloatRowBytes = 32 * 1024;
-  const bool pipeline = V::kPipelineRows && kStreaming &&
-                        (sizeof(T) == 2 || n * static_cast<int64_t>(sizeof(T)) >= kMinPipelinedFloatRowBytes);
-  // Where V narrows values known not to be NaN more cheaply (AVX2's bfloat16: 13-19% faster), calls of several rows
-  // check the scale once; a single row keeps the general stores rather than read its scale twice.
-  constexpr int64_t kMinRowsForScaleCheck = 4;
-  if constexpr (HasNoNaNPairStore<V, kStreaming, T>::value) {
-    if (end - begin >= kMinRowsForScaleCheck && ScaleIsFinite<V>(batch.scale, n)) {
-      NormalizeRowsAs<V, kStreaming, true>(batch, begin, end, pipeline);
-      if constexpr (kStreaming) V::StreamingFence();
-      return;
-    }
-  }
-  NormalizeRowsAs<V, kStreaming, false>(batch, begin, end, pipeline);
-  if constexpr (kStreaming) V::StreamingFence();  // make the weakly ordered stores visible before the task ends
-}
-
-template <class V, typename T>
-void NormalizeRows(const RowBatch<T>& caller_batch, int64_t begin, int64_t end) {
-  if (caller_batch.cols == 0 || begin >= end) return;
-  const RowBatch<T> batch = caller_batch;  // a local copy: no store through y or sum can change its fields
-  if (batch.streaming_stores) {
-    NormalizeRowsWith<V, true>(batch, begin, end);
-  } else {
-    NormalizeRowsWith<V, false>(batch, begin, end);
-  }
-}
-
-template <class V, typename T>
-void Widen(const T* src, float* dst, int64_t n) {
-  constexpr int64_t W = V::kWidth;
-  int64_t i = 0;
-  for (; i + W <= n; i += W) V::Store(dst + i, V::Load(src + i));
-  if (i < n) StorePartial<V>(dst + i, LoadPartial<V>(src + i, n - i), n - i);
-}
-
-// The kernel table of one instruction set.
-template <class V>
-constexpr CpuKernels MakeCpuKernels(CpuIsa isa) {
-  return CpuKernels{kCpuIsaNames[static_cast<int>(isa)],
-                    &NormalizeRows<V, float>,
-                    &NormalizeRows<V, Float16>,
-                    &NormalizeRows<V, BFloat16>,
-                    &Widen<V, Float16>,
-                    &Widen<V, BFloat16>};
 }
 
 }  // namespace

@@ -188,7 +188,7 @@ def fuse_folder(
             are read, and files reached through links that stay inside it.
         destination: the output folder, written atomically. It must not exist, or be empty; with ``replace=True`` a
             folder this function wrote (it carries ``ort-rmsnorm.json``, and nothing else was added) is replaced.
-        target: ``"custom"``, ``"onnx"`` or ``"ort"`` (as :func:`ort_rmsnorm.fuse`).
+        target: one of :data:`ort_rmsnorm.contract.TARGETS` (as :func:`ort_rmsnorm.fuse`).
         follow_symlinks: also read through links that lead out of ``source`` to regular files or folders (a Hugging
             Face cache snapshot); device files, FIFOs, sockets and loops stay refused.
         allow_opset_upgrade, through_qdq: as :func:`ort_rmsnorm.fuse`.

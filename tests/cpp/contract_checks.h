@@ -1,7 +1,7 @@
-// What the CPU kernel tests and the CUDA check (tests/cuda/gpu_check.cu) share: the facts of each element format,
-// the kernels' tolerance versus a float64 reference (docs/ops.md, "Numerics": one rounding to T plus float32
-// arithmetic, factor and two products, and float32 partial sums of at most 32 terms) and their random inputs. Inline templates
-// only, so a program may use any part of it.
+// What the CPU kernel tests and the CUDA check (tests/cuda/gpu_check_numerics.cu) share: the facts of each element
+// format, the kernels' tolerance versus a float64 reference (docs/ops.md, "Numerics": one rounding to T plus float32
+// arithmetic, factor and two products, and float32 partial sums of at most 32 terms) and their random inputs. Inline
+// templates only, so a program may use any part of it.
 #pragma once
 
 #include <cmath>
