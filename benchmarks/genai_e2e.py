@@ -5,7 +5,7 @@
 For each architecture (Llama, Qwen3 with its q/k norms, Gemma 2 with float32 casts around its 16-bit norms) and
 build (``fp32``; ``int4`` with the builder's default CPU accuracy level 4, where MatMulNBits quantizes its
 activations to int8; ``int4-acc1``, int4 weights with float32 activations; ``fp16-cpu``), it builds the folder
-(``ort_rmsnorm.bench.genai``: the folders the test suite checks), fuses it with ``ort_rmsnorm.fuse_folder`` and
+(``ort_rmsnorm.models.genai``: the folders the test suite checks), fuses it with ``ort_rmsnorm.fuse_folder`` and
 compares the two with onnxruntime_genai:
 
 - tokens: greedy generation from the same prompt. Builds with float32 activations must match token for token.
@@ -41,14 +41,13 @@ import onnx_ir as ir
 
 import ort_rmsnorm
 from ort_rmsnorm import folders, model_io, runtime, verify
-from ort_rmsnorm.bench import genai as genai_folders
 from ort_rmsnorm.contract import ORT_SIMPLIFIED_LAYER_NORM
+from ort_rmsnorm.models import genai as genai_folders
 
 RESULTS = Path(__file__).resolve().parent / "results" / "genai"
 
-DEFAULT_CONFIG = genai_folders.TinyConfig(hidden_size=512, intermediate_size=1376, num_hidden_layers=2,
-                                          num_attention_heads=8, num_key_value_heads=4, vocab_size=2048,
-                                          max_position_embeddings=512)
+DEFAULT_CONFIG = genai_folders.TinyConfig(hidden_size=512, intermediate_size=1376, num_layers=2, num_heads=8,
+                                          num_key_value_heads=4, vocab_size=2048, max_position_embeddings=512)
 
 
 @dataclasses.dataclass
@@ -283,7 +282,7 @@ def main(argv=None) -> int:
                         "ort_rmsnorm": ort_rmsnorm.__version__, "cpu": platform.processor() or platform.machine(),
                         "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
                         "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None},
-        "model": dataclasses.asdict(config),
+        "model": config.transformers_sizes(),
         "prompt_tokens": args.prompt, "new_tokens": args.new_tokens, "rounds": args.rounds, "threads": args.threads,
         "cases": [],
     }

@@ -6,7 +6,7 @@
 For each model shape (SmolLM2-135M's and Qwen2.5-0.5B's: their hidden size, layers, heads, MLP width and vocabulary,
 random weights, a shorter context), a Hugging Face folder is made with ``transformers``, built for the CPU by
 onnxruntime-genai's model builder (``int4``: int4 weights, the builder's default accuracy level 4; or another build of
-``ort_rmsnorm.bench.genai.PRECISIONS``), and fused as a folder once per target. The contenders are the original, a
+``ort_rmsnorm.models.genai.PRECISIONS``), and fused as a folder once per target. The contenders are the original, a
 control (a second ``og.Model`` of the original: what differs between two loads of one folder) and each target's
 folder; each round runs one greedy generation of each (the prompt in one step, then one token per step), in the order
 of ``ort_rmsnorm.runtime.turns``. A cell is original / contender in tokens per second terms: the ratio of the
@@ -30,8 +30,8 @@ from pathlib import Path
 
 import ort_rmsnorm
 from ort_rmsnorm import folders
-from ort_rmsnorm.bench import genai as genai_folders
 from ort_rmsnorm.contract import AUTO, CUSTOM, DEFAULT_TARGET, ORT, TARGETS
+from ort_rmsnorm.models import genai as genai_folders
 from ort_rmsnorm.runtime import turns
 
 from genai_e2e import timed_generation, with_session_settings
@@ -50,14 +50,14 @@ class Shape:
 SHAPES = {
     # HuggingFaceTB/SmolLM2-135M: Llama, hidden 576, 30 layers, 9 heads over 3 KV heads, MLP 1536, vocabulary 49152.
     "smollm2-135m": Shape("llama", genai_folders.TinyConfig(
-        hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+        hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9, num_key_value_heads=3,
         vocab_size=49152, max_position_embeddings=512), {"tie_word_embeddings": True, "rope_theta": 100000.0}),
     # Qwen/Qwen2.5-0.5B: Qwen2 (q/k/v biases), hidden 896, 24 layers, 14 heads over 2 KV heads, MLP 4864,
     # vocabulary 151936.
     "qwen2.5-0.5b": Shape("qwen2", genai_folders.TinyConfig(
-        hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-        vocab_size=151936, max_position_embeddings=512), {"tie_word_embeddings": True, "rope_theta": 1000000.0,
-                                                          "rms_norm_eps": 1e-6}),
+        hidden_size=896, intermediate_size=4864, num_layers=24, num_heads=14, num_key_value_heads=2,
+        vocab_size=151936, max_position_embeddings=512, rms_norm_eps=1e-6),
+        {"tie_word_embeddings": True, "rope_theta": 1000000.0}),
 }
 
 

@@ -1,15 +1,15 @@
 """``ort-rmsnorm demo``: the case where fusing pays, on a small model: norms found and fused, the result verified, and
 both models timed and profiled.
 
-A Llama-style model (:mod:`ort_rmsnorm.llama`) is exported with torch's dynamo exporter when torch is importable,
-otherwise built with ``onnx.helper`` in the same spelling; onnxruntime fuses none of its norms at session start.
-Its MatMuls are quantized to int4 with onnxruntime's own quantizer (:mod:`ort_rmsnorm.int4`): with weights 8x
-smaller, the per-node cost of a decomposed norm (seven nodes, plus the residual Add before it) is a visible part
-of a decode step. Where ``onnxruntime.quantization`` cannot be imported the demo says what to install and goes on
-with the float model. Then the model is fused and verified, also for the targets ``ort`` (onnxruntime's own norm
-ops) and ``auto`` (the faster op per norm), one decode step (a forward over one token: this model has no KV cache)
-and one prefill are timed for the original and each distinct fused model (targets that wrote the same model are
-timed once), with a second session of the original as the control of the noise (runs interleaved, medians), and
+A Llama-style model (:mod:`ort_rmsnorm.models.llama`) is exported with torch's dynamo exporter when torch is
+importable, otherwise built with ``onnx.helper`` in the same spelling; onnxruntime fuses none of its norms at
+session start. Its MatMuls are quantized to int4 with onnxruntime's own quantizer (:mod:`ort_rmsnorm.models.int4`):
+with weights 8x smaller, the per-node cost of a decomposed norm (seven nodes, plus the residual Add before it) is a
+visible part of a decode step. Where ``onnxruntime.quantization`` cannot be imported the demo says what to install
+and goes on with the float model. Then the model is fused and verified, also for the targets ``ort`` (onnxruntime's
+own norm ops) and ``auto`` (the faster op per norm), one decode step (a forward over one token: this model has no KV
+cache) and one prefill are timed for the original and each distinct fused model (targets that wrote the same model
+are timed once), with a second session of the original as the control of the noise (runs interleaved, medians), and
 onnxruntime's profiler says which share of each model's kernel time its norms take.
 """
 
@@ -27,14 +27,13 @@ from typing import Callable
 import numpy as np
 import onnx
 
-from . import int4, model_io, runtime
+from . import model_io, runtime
 from .contract import AUTO, ORT, RMSNORM, SKIP_RMSNORM
-from .llama import OPSET, LlamaConfig, build_llama_onnx
+from .models import int4
+from .models.llama import DEMO_CONFIG, OPSET, LlamaConfig, build_llama_onnx
 
 BUILDERS = ("auto", "torch", "onnx")
 QUANTIZATIONS = ("int4", "none")
-# Small enough for a decode step of about a millisecond, so that the norms' per-node cost shows.
-DEMO_CONFIG = LlamaConfig(vocab_size=2048, hidden_size=256, intermediate_size=688, num_layers=8, num_heads=4)
 FUSED_OPS = (RMSNORM, SKIP_RMSNORM)  # as the profiler names them (no domain)
 PROFILED_RUNS = {"decode": 100, "prefill": 5}
 # Fused and timed next to the default target: onnxruntime's own ops, and the faster op per norm.
@@ -55,7 +54,7 @@ def build_model(path: Path, config: LlamaConfig, dtype: str, builder: str) -> st
     if builder == "auto":
         builder = "torch" if torch_available() else "onnx"
     if builder == "torch":
-        from . import exporters  # imports torch
+        from .models import exporters  # imports torch
 
         exporters.export_llama(config, path, exporter="dynamo", dtype=dtype)
         return f"exported from torch with the dynamo exporter (opset {exporters.EXPORTER_OPSET['dynamo']})"

@@ -26,10 +26,12 @@ Modules, each importing only those above it in this list:
 - ``e2e``: ``--e2e float``, a Llama-style model exported from torch in float32/float16
 - ``int4_tables``: the markdown of an int4 end-to-end run
 - ``e2e_int4``: ``--e2e int4``, int4 models of a transformers Llama with a KV cache
-- ``genai``: tiny onnxruntime-genai folders from random-weight Hugging Face models (benchmarks/genai_e2e.py, the
-  deployment tests)
 - ``tune``: ``ort-rmsnorm tune``, the ``auto`` target's table of this machine, from ``cold``
 - ``command``: what ``ort-rmsnorm bench`` runs; ``__main__``: ``python -m ort_rmsnorm.bench``
+
+The models the end-to-end runs build are ``ort_rmsnorm.models``' (shared with the demo, ``benchmarks/`` and the
+tests); this package holds only what ``ort-rmsnorm bench`` runs, and the harness ``ort-rmsnorm tune`` and the demo
+time with (``timing``, ``profile``, ``cold``, ``machine``).
 
 This package's ``__init__`` imports nothing, so that the command line can read the options without loading
 onnxruntime's sessions or torch.

@@ -5,8 +5,8 @@ onnxruntime makes of the exported graph (its own fusions turn many decomposed no
 ``SimplifiedLayerNormalization``). Each phase is timed with interleaved runs (medians), then a separate profiled
 session of each model says which share of the kernel time the norms take.
 
-The exported model has no KV cache (``ort_rmsnorm.exporters``): the decode step is a forward pass over one token.
-That runs every norm on a 1 x H row and reads every weight once, as a cached decode step does; it leaves out
+The exported model has no KV cache (``ort_rmsnorm.models.exporters``): the decode step is a forward pass over one
+token. That runs every norm on a 1 x H row and reads every weight once, as a cached decode step does; it leaves out
 attention over the cached keys and values, which on a CPU is small next to the weight reads at this size
 (``--e2e int4``, ort_rmsnorm.bench.e2e_int4, has the cache). Importing this module imports torch.
 """
@@ -24,7 +24,7 @@ from typing import Callable
 import numpy as np
 import onnxruntime as ort
 
-from .. import exporters, runtime, verify
+from .. import runtime, verify
 from ..contract import (
     ONNX_RMSNORM,
     ORT_SIMPLIFIED_LAYER_NORM,
@@ -33,7 +33,8 @@ from ..contract import (
     SKIP_RMSNORM,
 )
 from ..fusion import ModelFile
-from ..llama import LlamaConfig
+from ..models import exporters
+from ..models.llama import LlamaConfig
 from .e2e_plan import FLOAT_CONFIG, FLOAT_DTYPES, FLOAT_PREFILL_TOKENS, FLOAT_RUNS
 from .profile import nodes_by_run, node_name, op_type, read_profile
 from .tables import faster_or_slower

@@ -1,13 +1,13 @@
 """``ort-rmsnorm bench --e2e int4``: int4 models as onnxruntime users make them, original vs fused.
 
-For each hidden size, a Hugging Face transformers ``LlamaForCausalLM`` with random weights (nothing is downloaded)
-is exported with torch's dynamo exporter with its KV cache as graph inputs and outputs
-(:func:`ort_rmsnorm.exporters.export_cached_causal_lm`), its MatMuls are quantized to int4 with onnxruntime's
-MatMulNBitsQuantizer (:mod:`ort_rmsnorm.int4`), and the int4 model is fused. onnxruntime fuses none of the exported
-norms itself (the dynamo exporter writes ``Reciprocal(Sqrt(.))``), so the original runs each norm as seven nodes and
-the residual Add before it as one more. The embeddings are not tied to the LM head (SmolLM's are): tied, the head's
-weight is a Transpose of the embedding table, which the quantizer leaves in float32, and its 49152 x H float32 read
-would dominate every decode step; onnxruntime-genai's int4 builds quantize the head too.
+For each hidden size, a Hugging Face transformers ``LlamaForCausalLM`` with random weights (nothing is downloaded;
+:mod:`ort_rmsnorm.models.smollm`) is exported with torch's dynamo exporter with its KV cache as graph inputs and
+outputs (:func:`ort_rmsnorm.models.exporters.export_cached_causal_lm`), its MatMuls are quantized to int4 with
+onnxruntime's MatMulNBitsQuantizer (:mod:`ort_rmsnorm.models.int4`), and the int4 model is fused. onnxruntime fuses
+none of the exported norms itself (the dynamo exporter writes ``Reciprocal(Sqrt(.))``), so the original runs each
+norm as seven nodes and the residual Add before it as one more. The embeddings are not tied to the LM head (SmolLM's
+are): tied, the head's weight is a Transpose of the embedding table, which the quantizer leaves in float32, and its
+49152 x H float32 read would dominate every decode step; onnxruntime-genai's int4 builds quantize the head too.
 
 Measured for each thread count: the logits of both models on a decode step and on a prefill (the largest
 difference and the verdict of ``ort-rmsnorm verify``'s tolerance), next to a control: the original with every
@@ -37,9 +37,11 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from .. import int4, model_io, runtime, verify
+from .. import model_io, runtime, verify
 from ..contract import RMSNORM, SKIP_RMSNORM
 from ..fusion import fuse_file
+from ..models import int4
+from ..models.smollm import ModelShape, build_model, model_shape
 from .e2e_plan import Int4Plan
 from .int4_tables import check_text
 from .profile import node_medians, norm_share, profiled_runs
@@ -47,7 +49,6 @@ from .tables import faster_or_slower
 from .timing import clock_function, clock_name
 
 FUSED_OPS = (RMSNORM, SKIP_RMSNORM)  # as the profiler and the model's nodes name them (no domain)
-NORM_EPSILON = 1e-5  # SmolLM's rms_norm_eps
 # Neighbours of a fused norm that might be absorbed into it exactly: casts, shape changes, elementwise arithmetic.
 NEIGHBOUR_OPS = ("Cast", "CastLike", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose", "Identity", "Expand",
                  "Add", "Sub", "Mul", "Div")
@@ -55,61 +56,12 @@ NEIGHBOUR_OPS = ("Cast", "CastLike", "Reshape", "Squeeze", "Unsqueeze", "Flatten
 FLOOR_OP = "Reshape"
 
 
-@dataclasses.dataclass(frozen=True)
-class ModelShape:
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    intermediate: int
-    vocab: int
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
-
-    def describe(self) -> str:
-        return (f"hidden {self.hidden}, {self.layers} layers, {self.heads} heads ({self.kv_heads} key/value), "
-                f"MLP {self.intermediate}, vocabulary {self.vocab}")
-
-
-def model_shape(hidden: int, layers: int, vocab: int) -> ModelShape:
-    """SmolLM-135M's proportions at another hidden size: heads of 64 (fewer where 64 does not divide the hidden
-    size), key/value heads the largest divisor of the heads that is at most a third of them (9 and 3 at 576), the
-    MLP 8/3 of the hidden size rounded to a multiple of 64 (1536 at 576)."""
-    heads = max(1, hidden // 64)
-    while hidden % heads:
-        heads -= 1
-    kv_heads = max([d for d in range(1, heads + 1) if heads % d == 0 and 3 * d <= heads] or [1])
-    intermediate = max(64, round(hidden * 8 / 3 / 64) * 64)
-    return ModelShape(hidden, layers, heads, kv_heads, intermediate, vocab)
-
-
-def build_model(shape: ModelShape, seed: int = 0):
-    """The transformers LlamaForCausalLM of `shape`, random weights, float32, eval mode."""
-    import torch
-    import transformers
-
-    transformers.logging.set_verbosity_error()
-    config = transformers.LlamaConfig(
-        hidden_size=shape.hidden, intermediate_size=shape.intermediate, num_hidden_layers=shape.layers,
-        num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads, vocab_size=shape.vocab,
-        max_position_embeddings=2048, rms_norm_eps=NORM_EPSILON, tie_word_embeddings=False)
-    torch.manual_seed(seed)
-    model = transformers.LlamaForCausalLM(config)
-    with torch.no_grad():  # norm weights away from their ones, so that a lost scale shows in the logits
-        for module in model.modules():
-            if "RMSNorm" in type(module).__name__:
-                module.weight.add_(0.1 * torch.randn_like(module.weight))
-    return model.eval()
-
-
 # --- inputs ---------------------------------------------------------------------------------------------------------
 
 
 def feeds(shape: ModelShape, tokens: int, past: int, seed: int = 0) -> dict[str, np.ndarray]:
     """One step: `tokens` new tokens after `past` cached ones (random keys and values)."""
-    from ..exporters import kv_cache_names  # imports torch, as the export does
+    from ..models.exporters import kv_cache_names  # imports torch, as the export does
 
     rng = np.random.default_rng(seed)
     result = {"input_ids": rng.integers(0, shape.vocab, (1, tokens), dtype=np.int64),
@@ -158,7 +110,7 @@ def _write_control(original: Path, scales: set[str], path: Path) -> None:
 
 def prepare_models(shape: ModelShape, plan: Int4Plan, folder: Path, log: Callable[[str], None], *,
                    keep_export: bool = False) -> Models:
-    from ..exporters import export_cached_causal_lm
+    from ..models.exporters import export_cached_causal_lm
 
     seconds = {}
     name = f"llama-{shape.hidden}x{shape.layers}"

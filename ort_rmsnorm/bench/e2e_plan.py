@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..llama import LlamaConfig
+from ..models.llama import LlamaConfig
 
 MODES = ("float", "int4")
 
-# float: the Llama-style model of ort_rmsnorm.exporters in float32 and float16, without a KV cache. Hidden 2048 with
-# 4 layers; MLP, heads and vocabulary of TinyLlama (Llama 2 architecture).
+# float: the Llama-style model of ort_rmsnorm.models.exporters in float32 and float16, without a KV cache. Hidden 2048
+# with 4 layers; MLP, heads and vocabulary of TinyLlama (Llama 2 architecture).
 FLOAT_CONFIG = LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_layers=4, num_heads=16)
 FLOAT_DTYPES = ("float32", "float16")
 FLOAT_PREFILL_TOKENS = 512
@@ -25,7 +25,7 @@ class Int4Plan:
     """A Hugging Face Llama exported with a KV cache, int4-quantized; one model per hidden size, layers fixed.
 
     The defaults are SmolLM-135M's shape (hidden 576, 30 layers, 9 heads, 3 key/value heads, MLP 1536, vocabulary
-    49152); other hidden sizes keep its proportions (see e2e_int4.model_shape)."""
+    49152); other hidden sizes keep its proportions (see ort_rmsnorm.models.smollm.model_shape)."""
 
     hidden_sizes: tuple[int, ...] = (576,)
     layers: int = 30

@@ -25,8 +25,9 @@ quantization = pytest.importorskip("onnxruntime.quantization")
 
 from export.fusing import fuse_file, op_counts  # noqa: E402
 
-from ort_rmsnorm import exporters, verify  # noqa: E402
-from ort_rmsnorm.llama import LlamaConfig  # noqa: E402
+from ort_rmsnorm import verify  # noqa: E402
+from ort_rmsnorm.models import exporters  # noqa: E402
+from ort_rmsnorm.models.llama import LlamaConfig  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

@@ -203,7 +203,7 @@ def test_chained_model_feeds_each_stage_the_previous_outputs():
 def test_end_to_end_reports_speed_and_norm_share():
     pytest.importorskip("torch")
     from ort_rmsnorm.bench import e2e
-    from ort_rmsnorm.llama import LlamaConfig
+    from ort_rmsnorm.models.llama import LlamaConfig
 
     config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2)
     report = e2e.run_e2e(config, dtypes=("float32",), prefill_tokens=6, prefill_runs=1, decode_runs=1,
@@ -221,7 +221,7 @@ def test_end_to_end_reports_speed_and_norm_share():
 
 
 def test_int4_model_shapes_keep_smollm_proportions():
-    from ort_rmsnorm.bench.e2e_int4 import model_shape
+    from ort_rmsnorm.models.smollm import model_shape
 
     smollm = model_shape(576, 30, 49152)
     assert (smollm.heads, smollm.kv_heads, smollm.intermediate, smollm.head_dim) == (9, 3, 1536, 64)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import onnx
 import pytest
 
-from ort_rmsnorm import int4, model_io
-from ort_rmsnorm.llama import build_llama_onnx
+from ort_rmsnorm import model_io
+from ort_rmsnorm.models import int4
+from ort_rmsnorm.models.llama import build_llama_onnx
 from tools.tool_models import CONFIG, Pair, fused_pair
 
 

@@ -20,7 +20,7 @@ from typing import Mapping, Sequence
 import torch
 from torch import nn
 
-from ._logs import quieted
+from .._logs import quieted
 from .llama import LlamaConfig
 
 EXPORTERS = ("torchscript", "dynamo")

@@ -31,6 +31,7 @@ import numpy as np
 import onnx
 
 from ..contract import qualified
+from .llama import LlamaConfig
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2")
 # Builder options per build: float32 weights and activations; int4 weights with the builder's default accuracy
@@ -55,18 +56,25 @@ _CORPUS = [
 
 
 @dataclasses.dataclass(frozen=True)
-class TinyConfig:
+class TinyConfig(LlamaConfig):
+    """A :class:`~ort_rmsnorm.models.llama.LlamaConfig` for transformers' models, tiny by default, with the two sizes
+    they have and the onnx.helper and torch builders do not: key/value heads (grouped-query attention) and the
+    positions of the rotary embedding. One class would give those builders fields they ignore."""
+
+    vocab_size: int = 384
     hidden_size: int = 64
     intermediate_size: int = 128
-    num_hidden_layers: int = 2
-    num_attention_heads: int = 4
+    num_layers: int = 2
+    num_heads: int = 4
     num_key_value_heads: int = 2
-    vocab_size: int = 384
     max_position_embeddings: int = 256
 
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+    def transformers_sizes(self) -> dict[str, int]:
+        """The sizes in transformers' names (``AutoConfig`` keywords), as the end-to-end results record them."""
+        return {"hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
+                "num_hidden_layers": self.num_layers, "num_attention_heads": self.num_heads,
+                "num_key_value_heads": self.num_key_value_heads, "vocab_size": self.vocab_size,
+                "max_position_embeddings": self.max_position_embeddings}
 
 
 def missing_requirements() -> str | None:
@@ -109,8 +117,8 @@ def make_hf_folder(architecture: str, folder: Path, config: TinyConfig = TinyCon
         "gemma2": dict(head_dim=config.head_dim, sliding_window=32),
     }[architecture]
     hf_config = transformers.AutoConfig.for_model(
-        architecture, **dataclasses.asdict(config), **overrides, **settings, pad_token_id=PAD, bos_token_id=BOS,
-        eos_token_id=EOS, initializer_range=0.1)
+        architecture, **config.transformers_sizes(), rms_norm_eps=config.rms_norm_eps, **overrides, **settings,
+        pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS, initializer_range=0.1)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
     with torch.no_grad():

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import onnx
 
-from . import model_io
-from ._logs import quieted
+from .. import model_io
+from .._logs import quieted
 
 # (module, class), newest first.
 QUANTIZERS = (("onnxruntime.quantization.matmul_nbits_quantizer", "MatMulNBitsQuantizer"),

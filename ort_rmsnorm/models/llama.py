@@ -1,5 +1,6 @@
-"""The Llama-style model of the demo and the benchmarks: its configuration, and the model built with ``onnx.helper``
-in the spelling of torch's dynamo exporter (``ort_rmsnorm.exporters`` exports the same model from torch).
+"""The Llama-style model of the demo, the benchmarks and the tests: its configuration (the demo's among them), and the
+model built with ``onnx.helper`` in the spelling of torch's dynamo exporter (``ort_rmsnorm.models.exporters`` exports
+the same model from torch).
 
 Token embedding, decoder layers (Hugging Face's RMSNorm with float32 upcast, causal multi-head attention, SwiGLU
 MLP, residual adds), a final norm and an LM head. Each norm is written as the dynamo exporter writes
@@ -46,6 +47,11 @@ class LlamaConfig:
         """RMSNorms whose input is a residual add (SkipRMSNorm candidates): all but the first layer's
         ``input_layernorm``, which reads the embeddings."""
         return self.norm_count - 1
+
+
+# ``ort-rmsnorm demo``'s model: small enough for a decode step of about a millisecond, so that the norms' per-node
+# cost shows.
+DEMO_CONFIG = LlamaConfig(vocab_size=2048, hidden_size=256, intermediate_size=688, num_layers=8, num_heads=4)
 
 
 # --- the model without torch --------------------------------------------------------------------------------------
