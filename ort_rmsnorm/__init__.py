@@ -8,15 +8,16 @@
   of ``.onnx`` files, and the check of the result.
 - :func:`everywhere`: onnxruntime's own tools (quantizers, transformer optimizer, ...) on fused models;
   :func:`infer_symbolic_shapes`: onnxruntime's symbolic shape inference knowing our ops.
-- :func:`register_schemas`: the ops' ONNX schemas, for onnx's shape inference and checker; registered by importing
-  this package (when onnx is imported, see :mod:`ort_rmsnorm.schemas`).
+- :func:`register_schemas`: the ops' ONNX schemas, for onnx's shape inference and checker (imports onnx; idempotent).
+  The functions above and the command line register them; ``import ort_rmsnorm`` does not, nor does it import onnx
+  or change how other packages are imported: call it before running onnx's checker or inference on a fused model
+  yourself (see :mod:`ort_rmsnorm.schemas`).
 """
 
 from __future__ import annotations
 
 from ._library import build_info, get_library_path, has_cuda, package_version, register, session_options
 from .contract import OP_DOMAIN, OP_VERSION
-from .schemas import register_on_onnx_import as _register_on_onnx_import
 from .schemas import register_schemas
 
 __all__ = [
@@ -36,8 +37,6 @@ __all__ = [
     "session_options",
     "verify_folder",
 ]
-
-_register_on_onnx_import()
 
 # Names loaded on first use (module, attribute): the fusion pass imports onnx, onnx_ir and onnxscript, the tools
 # onnxruntime's Python tools, and the metadata lookup scans sys.path, so `import ort_rmsnorm` stays cheap.

@@ -33,6 +33,7 @@ from .command_line import (
 )
 from .bench.about import HELP as BENCH_HELP
 from .contract import DEFAULT_TARGET, OPTIMIZATION_LEVEL_NAMES, TARGETS
+from .schemas import register_schemas
 
 __all__ = ["COMMANDS", "EXIT_MISMATCH", "EXIT_OK", "EXIT_USAGE", "Command", "build_parser", "console_main", "main"]
 
@@ -246,6 +247,7 @@ def run_fuse(args: argparse.Namespace) -> int:
         if problem is not None:  # (one that is the input is refused as such, later)
             raise UsageError(f"{option} {path}: {problem}; an output is written as a new file renamed into place, "
                              "which would replace it: name a regular file or a new path")
+    register_schemas()
     verification_inputs = read_verification_inputs(args) if args.verify else None
     if args.verify:
         check_forced_cpu_isa()
@@ -345,6 +347,7 @@ def run_verify(args: argparse.Namespace) -> int:
     if args.follow_symlinks and not args.original.is_dir():
         raise UsageError("--follow-symlinks is for folders (ORIGINAL is a folder)")
     check_forced_cpu_isa()
+    register_schemas()
     return run_verification(args.original, args.fused, read_verification_inputs(args), args)
 
 
@@ -387,6 +390,7 @@ def run_demo(args: argparse.Namespace) -> int:
     check_forced_cpu_isa()
     if args.keep is not None:
         make_directory("--keep", args.keep)
+    register_schemas()
     config = dataclasses.replace(defaults, num_layers=args.layers, hidden_size=args.hidden,
                                  intermediate_size=args.hidden * defaults.intermediate_size // defaults.hidden_size)
     return demo.run_demo(config, dtype=args.dtype, builder=args.builder, quantization=args.quantize,
@@ -483,6 +487,7 @@ def run_tune(args: argparse.Namespace) -> int:
     destination = None if args.output == "-" else Path(args.output) if args.output else machine_table_path()
     if destination is not None and (problem := output_problem(destination)) is not None:
         raise UsageError(f"--output {destination}: {problem}; the table is written as a new file renamed into place")
+    register_schemas()
     hidden = args.hidden or (tune.QUICK_HIDDEN if args.quick else tune.DEFAULT_HIDDEN)
     rounds = args.rounds or (5 if args.quick else 7)
     progress = Progress(args.quiet)

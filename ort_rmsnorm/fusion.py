@@ -33,6 +33,7 @@ import onnx_ir as ir
 
 from . import model_io
 from .contract import DEFAULT_TARGET
+from .schemas import register_schemas
 
 if TYPE_CHECKING:
     from .rewrites import FusionReport
@@ -141,6 +142,7 @@ def fuse_file(
     problem: a missing, unreadable, corrupted or invalid model, missing external data, an output that may not be
     written.
     """
+    register_schemas()
     source, destination = Path(source), Path(destination)
     say = progress or (lambda _line: None)
     model_io.refuse_overwriting(destination, [source], "the input")
@@ -201,6 +203,7 @@ def fuse(model: ModelLike, target: str = DEFAULT_TARGET, *, allow_opset_upgrade:
         The fused model and a :class:`FusionReport` (``fusions``, ``skipped`` near misses with reasons,
         ``summary()``, ``to_json()``).
     """
+    register_schemas()
     if isinstance(model, ir.Model):
         from .rewrites import fuse_model
 

@@ -3,13 +3,13 @@ ops: ``onnx.shape_inference.infer_shapes`` types their outputs (Y and ``sum`` ha
 ``onnx.checker.check_model(full_check=True)`` validates their attributes, inputs and types (docs/ops.md).
 
 The schemas live in onnx's process-wide registry; onnxruntime has its own (the library registers the ops there).
-They are registered once both this package and onnx are imported, in whichever order: ``import ort_rmsnorm``
-registers them at once when onnx is already imported, and otherwise when onnx's import finishes (a one-shot hook on
-``sys.meta_path``). So ``import ort_rmsnorm`` does not import onnx (about a second), and every onnx that can see our
-ops, through this package or not, knows them. :func:`register_schemas` does the same explicitly, and says why not
-where it cannot: onnx before 1.19 takes no type inference function from Python (the schemas are registered without
-one: the checker validates, ``infer_shapes`` leaves our outputs untyped), and a schema of the same name someone else
-registered first is kept.
+:func:`register_schemas` registers them (it imports onnx, about a second, so ``import ort_rmsnorm`` does not call it);
+the package calls it wherever it runs onnx on models that may hold our ops: :func:`ort_rmsnorm.fuse` and
+``fuse_file``, :func:`ort_rmsnorm.verify.verify`, ``fuse_folder`` and ``verify_folder``,
+:func:`ort_rmsnorm.everywhere`, ``infer_symbolic_shapes`` and the command line's commands. Code that runs onnx's
+checker or inference on a fused model before any of those calls it first. It says why not where it cannot: onnx before
+1.19 takes no type inference function from Python (the schemas are registered without one: the checker validates,
+``infer_shapes`` leaves our outputs untyped), and a schema of the same name someone else registered first is kept.
 
 The inference function raises ``onnx.shape_inference.InferenceError`` for a node that breaks the contract where the
 static types and shapes show it (an axis out of range, a scale that does not broadcast, a ``skip`` of another shape,
@@ -22,9 +22,7 @@ This module imports onnx only inside functions: it is imported by the package's 
 
 from __future__ import annotations
 
-import importlib.abc
 import math
-import sys
 import threading
 from typing import Callable
 
@@ -44,26 +42,21 @@ _FLOAT, _FLOAT16, _BFLOAT16 = 1, 10, 16  # onnx.TensorProto.FLOAT, FLOAT16, BFLO
 _TYPE_NAMES = {_FLOAT: "float32", _FLOAT16: "float16", _BFLOAT16: "bfloat16"}
 _SCALE_PAIRS = "f32/f32, f16/f16, f16/f32, bf16/bf16, bf16/f32"
 
-# Reentrant: registering imports onnx, whose import the hook below ends by registering (the inner call then returns
-# at once, the outer one registers).
-_lock = threading.RLock()
+_lock = threading.Lock()
 _state: dict[str, object] = {}  # "registered": bool, "note": str; set by the first registration attempt
-_registering = False
 
 
 def register_schemas() -> bool:
-    """Registers the ONNX schemas of ``RMSNorm`` and ``SkipRMSNorm`` in onnx's registry (imports onnx).
+    """Registers the ONNX schemas of ``RMSNorm`` and ``SkipRMSNorm`` in onnx's registry (imports onnx), so that
+    ``onnx.checker`` and ``onnx.shape_inference`` know the ops; fusing, verifying, :func:`ort_rmsnorm.everywhere` and
+    the command line call it, anything else that runs onnx on a fused model calls it first.
 
-    Idempotent and thread-safe. Returns True when the schemas are registered (now or before), with or without type
-    inference; False when they are not, and :func:`schema_note` says why. Never raises for an onnx that cannot."""
-    global _registering
+    Idempotent and thread-safe: the first call registers, later ones return its answer. Returns True when the schemas
+    are registered (now or before), with or without type inference; False when they are not, and
+    :func:`schema_note` says why. Never raises for an onnx that cannot."""
     with _lock:
-        if not _state and not _registering:
-            _registering = True
-            try:
-                _state.update(_register())
-            finally:
-                _registering = False
+        if not _state:
+            _state.update(_register())
         return bool(_state.get("registered"))
 
 
@@ -326,73 +319,3 @@ def _check_broadcast(op: str, name: str, dims, x_dims, axis: int) -> None:
         raise _fail(op, f"{name} of shape {_shape_text(dims)} does not broadcast onto the normalized dims "
                         f"{_shape_text(normalized)} of X {_shape_text(x_dims)} (each {name} dim must equal the "
                         "normalized dim or be 1, extra leading dims must be 1)")
-
-
-# ---- registration when onnx is imported ------------------------------------------------------------------------
-
-
-class _AfterOnnxImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: when ``onnx`` is about to be imported, it wraps the spec's loader so that the schemas are
-    registered once onnx's own ``__init__`` has run, then takes itself off ``sys.meta_path``."""
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != "onnx":
-            return None
-        _remove_hook()
-        for finder in sys.meta_path:
-            find_spec = getattr(finder, "find_spec", None)
-            if find_spec is None:
-                continue
-            spec = find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _RegisteringLoader(spec.loader)
-                return spec
-        return None
-
-
-class _RegisteringLoader(importlib.abc.Loader):
-    def __init__(self, loader):
-        self.loader = loader
-
-    def create_module(self, spec):
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module) -> None:
-        try:
-            self.loader.exec_module(module)
-        finally:
-            # The module keeps onnx's own loader (importlib.resources and reloads use it).
-            if module.__spec__ is not None and module.__spec__.loader is self:
-                module.__spec__.loader = self.loader
-            if getattr(module, "__loader__", None) is self:
-                module.__loader__ = self.loader
-        register_schemas()
-
-    def __getattr__(self, name):
-        return getattr(self.loader, name)
-
-
-_hook: _AfterOnnxImport | None = None
-_hook_lock = threading.Lock()
-
-
-def _remove_hook() -> None:
-    global _hook
-    with _hook_lock:
-        if _hook is not None and _hook in sys.meta_path:
-            sys.meta_path.remove(_hook)
-        _hook = None
-
-
-def register_on_onnx_import() -> None:
-    """Registers the schemas now if onnx is imported, otherwise once it is (the package's ``__init__`` calls this).
-    An import of onnx under way in another thread is waited for (by the import lock) and then registered."""
-    global _hook
-    if "onnx" in sys.modules:
-        register_schemas()
-        return
-    with _hook_lock:
-        if _hook is None:
-            _hook = _AfterOnnxImport()
-            sys.meta_path.insert(0, _hook)

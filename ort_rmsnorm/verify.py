@@ -43,6 +43,7 @@ from .feeds import DEFAULT_SEED, VerifyInputError, make_inputs
 from .model_io import load_model, one_line
 from .model_types import computed_dtypes
 from .runtime import BFLOAT16
+from .schemas import register_schemas
 
 # Relative tolerance per output dtype (see the module docstring).
 RELATIVE_TOLERANCE = {
@@ -269,6 +270,7 @@ def verify(
     valid inputs can be made or the original does not run, and :class:`FusedModelError` when the fused model does not
     load or run while the original does.
     """
+    register_schemas()
     arithmetic = arithmetic_dtype(_load(original))
     if not isinstance(fused, onnx.ModelProto):
         load_model(fused)  # clear errors for a missing, corrupted or invalid file

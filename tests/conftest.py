@@ -20,6 +20,16 @@ def _neutral_working_directory(tmp_path_factory):
     os.chdir(previous)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _schemas_registered():
+    """The tests check fused models with onnx's checker and inference in this process, whatever ran before them:
+    the ops' schemas are registered once, as code doing that must (fresh interpreters test where the package
+    registers them itself: tests/tools/test_schemas.py)."""
+    import ort_rmsnorm
+
+    ort_rmsnorm.register_schemas()
+
+
 @pytest.fixture
 def rng(request):
     """A generator seeded from the test's id: deterministic, different per test."""

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..command_line import UsageError, make_directory
 from ..model_io import write_text_atomically
+from ..schemas import register_schemas
 from . import e2e_plan, plots
 from .arguments import plan_from_args
 from .machine import load_note, machine_info, machine_line
@@ -67,6 +68,7 @@ def run_checked(args: argparse.Namespace) -> int:
         make_directory("--e2e-keep", Path(args.e2e_keep))
     if not args.e2e and args.plot not in (None, "none"):
         make_directory("--plot", Path(args.plot).parent)
+    register_schemas()
     return run_bench(args)
 
 

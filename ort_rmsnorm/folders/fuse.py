@@ -34,6 +34,7 @@ from ..contract import DEFAULT_TARGET, OP_DOMAIN
 from ..fusion import ModelFile
 from ..model_graphs import nodes
 from ..model_io import ModelFileError
+from ..schemas import register_schemas
 from . import genai_config, manifest
 from .contents import Contents, copy_file
 from .genai_config import path_text
@@ -201,6 +202,7 @@ def fuse_folder(
     Raises :class:`FolderError` for a layout it does not know, a folder entry it may not read, or an output folder it
     may not write, and :class:`~ort_rmsnorm.model_io.ModelFileError` for a model file that cannot be read.
     """
+    register_schemas()
     source, destination = Path(source), Path(destination)
     say = progress or (lambda _line: None)
     layout = read_layout(source, follow_symlinks=follow_symlinks)

@@ -16,6 +16,7 @@ from .. import verify
 from ..contract import OP_DOMAIN
 from ..feeds import DEFAULT_SEED
 from ..model_io import load_model
+from ..schemas import register_schemas
 from . import genai_config
 from .contents import Contents, read_contents
 from .fuse import uses_domain
@@ -248,6 +249,7 @@ def verify_folder(
     :func:`~ort_rmsnorm.folders.contents.read_contents` (``follow_symlinks`` as there). ``norms``: check each norm of
     each fused model too (:func:`ort_rmsnorm.verify.verify`).
     """
+    register_schemas()
     say = progress or (lambda _line: None)
     layout = read_layout(original, follow_symlinks=follow_symlinks)
     fused = Path(fused)

@@ -34,6 +34,16 @@ def test_help_and_version_import_no_heavy_module(args, tmp_path):
     assert completed.stdout.splitlines()[-1] == "imported:", completed.stdout
 
 
+def test_importing_the_package_leaves_the_import_machinery_alone(tmp_path):
+    """`import ort_rmsnorm` puts no finder on sys.meta_path (other packages' imports stay theirs) and imports neither
+    onnx nor onnxruntime."""
+    code = ("import sys; finders = list(sys.meta_path); import ort_rmsnorm; "
+            "print(sys.meta_path == finders, 'onnx' in sys.modules, 'onnxruntime' in sys.modules)")
+    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.split() == ["True", "False", "False"]
+
+
 def test_version(cli):
     result = cli("--version")
     assert result.returncode == 0, result

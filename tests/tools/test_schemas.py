@@ -1,6 +1,7 @@
-"""The ONNX schemas of our ops: registered with the package, in whichever order onnx is imported; onnx's shape
-inference types every value of a fused model whose stored types were removed; the checker validates attributes; a
-node that breaks the contract is an error in onnx exactly where onnxruntime refuses it too."""
+"""The ONNX schemas of our ops: registered by ``register_schemas()`` and by what fuses, verifies or runs tools (never
+by ``import ort_rmsnorm`` alone, which neither imports onnx nor hooks other imports); onnx's shape inference types
+every value of a fused model whose stored types were removed; the checker validates attributes; a node that breaks
+the contract is an error in onnx exactly where onnxruntime refuses it too."""
 
 from __future__ import annotations
 
@@ -65,29 +66,75 @@ _REGISTERED = "import onnx.defs; print(onnx.defs.has('SkipRMSNorm', 'ort_rmsnorm
 
 
 @pytest.mark.parametrize("first", ["ort_rmsnorm", "onnx"])
-def test_registered_whichever_is_imported_first(first, tmp_path):
+def test_importing_the_package_registers_nothing_and_hooks_no_import(first, tmp_path):
+    """In either order: onnx keeps its own loader, sys.meta_path is as it was, the schemas wait for
+    register_schemas()."""
     code = f"""
 import sys
+finders = list(sys.meta_path)
 import {first}
 import {'onnx' if first == 'ort_rmsnorm' else 'ort_rmsnorm'}
 import importlib.resources, onnx
-assert 'ort_rmsnorm.schemas' not in type(onnx.__loader__).__module__, onnx.__loader__
+import ort_rmsnorm
+assert sys.meta_path == finders, (finders, sys.meta_path)
+assert 'ort_rmsnorm' not in type(onnx.__loader__).__module__, onnx.__loader__
 assert onnx.__spec__.loader is onnx.__loader__
-assert not any(type(f).__module__ == 'ort_rmsnorm.schemas' for f in sys.meta_path), sys.meta_path
 assert importlib.resources.files('onnx').is_dir()
+{_REGISTERED}
+print(ort_rmsnorm.register_schemas())
 {_REGISTERED}
 """
     completed = run_python(code, tmp_path)
     assert completed.returncode == 0, completed.stderr
-    assert completed.stdout.split() == ["True"]
+    assert completed.stdout.split() == ["False", "True", "True"]
 
 
-def test_registering_before_onnx_is_imported_imports_it_once(tmp_path):
-    """register_schemas() imports onnx, whose import the package's hook ends by registering: no deadlock."""
-    code = f"import ort_rmsnorm; print(ort_rmsnorm.register_schemas()); {_REGISTERED}"
+def test_registering_before_onnx_is_imported_imports_it(tmp_path):
+    code = f"import sys, ort_rmsnorm; print(ort_rmsnorm.register_schemas(), 'onnx' in sys.modules); {_REGISTERED}"
     completed = run_python(code, tmp_path)
     assert completed.returncode == 0, completed.stderr
-    assert completed.stdout.split() == ["True", "True"]
+    assert completed.stdout.split() == ["True", "True", "True"]
+
+
+_TINY_MODEL = """
+import onnx
+from onnx import TensorProto, helper
+model = helper.make_model(helper.make_graph(
+    [helper.make_node("Relu", ["x"], ["y"])], "tiny",
+    [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])]), opset_imports=[helper.make_opsetid("", 18)])
+model.ir_version = 8
+onnx.save(model, "model.onnx")
+"""
+
+# What registers the schemas: each entry point that may run onnx on our ops, public API and command line.
+_REGISTERING_CALLS = {
+    "fuse": "ort_rmsnorm.fuse(model)",
+    "fuse_file": "ort_rmsnorm.fuse_file('model.onnx', 'fused.onnx')",
+    "verify": "from ort_rmsnorm.verify import verify; verify('model.onnx', 'model.onnx')",
+    "fuse_folder": "import os, shutil; os.mkdir('in'); shutil.copy('model.onnx', 'in'); "
+                   "ort_rmsnorm.fuse_folder('in', 'out')",
+    "verify_folder": "import os, shutil; os.mkdir('a'); shutil.copy('model.onnx', 'a'); "
+                     "ort_rmsnorm.verify_folder('a', 'a')",
+    "everywhere": "with ort_rmsnorm.everywhere(): pass",
+    "cli fuse": "from ort_rmsnorm.cli import main; assert main(['fuse', 'model.onnx', 'fused.onnx']) == 0",
+    "cli verify": "from ort_rmsnorm.cli import main; assert main(['verify', 'model.onnx', 'model.onnx']) == 0",
+}
+
+
+@pytest.mark.parametrize("call", _REGISTERING_CALLS)
+def test_registered_by_what_fuses_verifies_or_runs_tools(call, tmp_path):
+    code = f"""
+{_TINY_MODEL}
+import ort_rmsnorm
+{_REGISTERED.replace("print(", "print('before:', ")}
+{_REGISTERING_CALLS[call]}
+{_REGISTERED.replace("print(", "print('after:', ")}
+"""
+    completed = run_python(code, tmp_path)
+    assert completed.returncode == 0, completed.stderr
+    said = [line for line in completed.stdout.splitlines() if line.startswith(("before:", "after:"))]
+    assert said == ["before: False", "after: True"], completed.stdout
 
 
 def test_importing_the_package_does_not_import_onnx(tmp_path):

@@ -82,5 +82,5 @@ def op_model(op: str, x_type: int = TensorProto.FLOAT, x_shape=("batch", "sequen
 
 
 def run_python(code: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    """``python -c code`` in a fresh interpreter (schemas and import hooks are process-wide)."""
+    """``python -c code`` in a fresh interpreter (the schemas are process-wide)."""
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd, timeout=timeout)
