@@ -7,7 +7,7 @@
 
 - ``norms``: a chain of decomposed RMSNorms (Pow, ReduceMean, Add, Sqrt, Div, Mul by a weight of its own), each
   normalizing the previous one's output; a size is a node count (rounded to whole norms of 6 nodes).
-- ``llama``: the package's Llama-style decoder (``ort_rmsnorm.models.llama``, hidden size 16) with as many layers as the
+- ``llama``: the package's Llama-style decoder (``ort_rmsnorm.builders.llama``, hidden size 16) with as many layers as the
   size (40 nodes and two norms each: what exporters write, residual adds included);
 - ``functions``: model-local functions, each holding a decomposed RMSNorm and calling the next, in chains of
   ``--chain`` functions (default 100) that the main graph calls in turn; a size is the number of functions (8 nodes
@@ -63,7 +63,7 @@ def norm_chain(nodes: int) -> onnx.ModelProto:
 
 def llama(layers: int) -> onnx.ModelProto:
     """A Llama-style decoder of ``layers`` layers, hidden size 16 (about 40 nodes a layer)."""
-    from ort_rmsnorm.models.llama import LlamaConfig, build_llama_onnx
+    from ort_rmsnorm.builders.llama import LlamaConfig, build_llama_onnx
 
     return build_llama_onnx(LlamaConfig(vocab_size=64, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN,
                                         num_layers=layers, num_heads=2))

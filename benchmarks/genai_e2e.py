@@ -5,7 +5,7 @@
 For each architecture (Llama, Qwen3 with its q/k norms, Gemma 2 with float32 casts around its 16-bit norms) and
 build (``fp32``; ``int4`` with the builder's default CPU accuracy level 4, where MatMulNBits quantizes its
 activations to int8; ``int4-acc1``, int4 weights with float32 activations; ``fp16-cpu``), it builds the folder
-(``ort_rmsnorm.models.genai``: the folders the test suite checks), fuses it with ``ort_rmsnorm.fuse_folder`` and
+(``ort_rmsnorm.builders.genai``: the folders the test suite checks), fuses it with ``ort_rmsnorm.fuse_folder`` and
 compares the two with onnxruntime_genai:
 
 - tokens: greedy generation from the same prompt. Builds with float32 activations must match token for token.
@@ -42,7 +42,7 @@ import onnx_ir as ir
 import ort_rmsnorm
 from ort_rmsnorm import folders, model_io, runtime, verify
 from ort_rmsnorm.contract import ORT_SIMPLIFIED_LAYER_NORM
-from ort_rmsnorm.models import genai as genai_folders
+from ort_rmsnorm.builders import genai as genai_folders
 
 RESULTS = Path(__file__).resolve().parent / "results" / "genai"
 

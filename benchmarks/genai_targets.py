@@ -6,7 +6,7 @@
 For each model shape (SmolLM2-135M's and Qwen2.5-0.5B's: their hidden size, layers, heads, MLP width and vocabulary,
 random weights, a shorter context), a Hugging Face folder is made with ``transformers``, built for the CPU by
 onnxruntime-genai's model builder (``int4``: int4 weights, the builder's default accuracy level 4; or another build of
-``ort_rmsnorm.models.genai.PRECISIONS``), and fused as a folder once per target. The contenders are the original, a
+``ort_rmsnorm.builders.genai.PRECISIONS``), and fused as a folder once per target. The contenders are the original, a
 control (a second ``og.Model`` of the original: what differs between two loads of one folder) and each target's
 folder; each round runs one greedy generation of each (the prompt in one step, then one token per step), in the order
 of ``ort_rmsnorm.runtime.turns``. A cell is original / contender in tokens per second terms: the ratio of the
@@ -31,7 +31,7 @@ from pathlib import Path
 import ort_rmsnorm
 from ort_rmsnorm import folders
 from ort_rmsnorm.contract import AUTO, CUSTOM, DEFAULT_TARGET, ORT, TARGETS
-from ort_rmsnorm.models import genai as genai_folders
+from ort_rmsnorm.builders import genai as genai_folders
 from ort_rmsnorm.runtime import turns
 
 from genai_e2e import timed_generation, with_session_settings

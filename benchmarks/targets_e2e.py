@@ -2,11 +2,11 @@
 
     python benchmarks/targets_e2e.py --out benchmarks/results/targets-e2e.md
 
-Models: the Llama-style model of ``ort_rmsnorm.models.llama`` built with ``onnx.helper`` (the demo's, in the dynamo
+Models: the Llama-style model of ``ort_rmsnorm.builders.llama`` built with ``onnx.helper`` (the demo's, in the dynamo
 exporter's spelling: onnxruntime fuses none of its norms), with a KV cache, at SmolLM-135M's proportions for each
-hidden size (heads of 64, MLP 8/3 of the hidden size: ``ort_rmsnorm.models.smollm.model_shape``; every head has its
+hidden size (heads of 64, MLP 8/3 of the hidden size: ``ort_rmsnorm.builders.smollm.model_shape``; every head has its
 own keys and values, as the onnx.helper model has no grouped ones), ``--layers`` decoder layers, the demo's
-vocabulary. Float32 activations with int4 weights (onnxruntime's MatMulNBitsQuantizer, ``ort_rmsnorm.models.int4``:
+vocabulary. Float32 activations with int4 weights (onnxruntime's MatMulNBitsQuantizer, ``ort_rmsnorm.builders.int4``:
 block 32, symmetric, accuracy level unset), and one float16 model, not quantized (``--float16-hidden``).
 
 Contenders: the original, and the model fused once per target: ``custom`` (this package's RMSNorm/SkipRMSNorm),
@@ -56,9 +56,9 @@ from ort_rmsnorm import fuse_file, model_io, runtime, verify
 from ort_rmsnorm.bench.machine import load_average, load_note, machine_info, machine_line
 from ort_rmsnorm.bench.timing import clock_function, clock_name
 from ort_rmsnorm.contract import AUTO, CUSTOM, DEFAULT_TARGET, ONNX, ORT
-from ort_rmsnorm.models import int4
-from ort_rmsnorm.models.llama import DEMO_CONFIG, LlamaConfig, build_llama_onnx
-from ort_rmsnorm.models.smollm import model_shape
+from ort_rmsnorm.builders import int4
+from ort_rmsnorm.builders.llama import DEMO_CONFIG, LlamaConfig, build_llama_onnx
+from ort_rmsnorm.builders.smollm import model_shape
 
 TARGETS = (CUSTOM, ORT, AUTO, ONNX)
 CONTROL = "original again"
@@ -372,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
             f"`{command}` ({minutes:.0f} minutes)", "",
             f"Machine: {machine_line(machine)}. Python {machine['python']}; "
             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC at the end.", "",
-            f"Models: the onnx.helper Llama of `ort_rmsnorm.models.llama` with a KV cache, {args.layers} layers, "
+            f"Models: the onnx.helper Llama of `ort_rmsnorm.builders.llama` with a KV cache, {args.layers} layers, "
             f"vocabulary {args.vocab}, SmolLM-135M's proportions; int4 weights (MatMulNBits, block 32, symmetric) with "
             f"float32 activations, and a float16 model (not quantized). Decode: 1 token after {args.past} cached; "
             f"prefill: {args.prefill} tokens. Rounds (one run of each contender, interleaved, the first one "

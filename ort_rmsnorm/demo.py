@@ -1,9 +1,9 @@
 """``ort-rmsnorm demo``: the case where fusing pays, on a small model: norms found and fused, the result verified, and
 both models timed and profiled.
 
-A Llama-style model (:mod:`ort_rmsnorm.models.llama`) is exported with torch's dynamo exporter when torch is
+A Llama-style model (:mod:`ort_rmsnorm.builders.llama`) is exported with torch's dynamo exporter when torch is
 importable, otherwise built with ``onnx.helper`` in the same spelling; onnxruntime fuses none of its norms at
-session start. Its MatMuls are quantized to int4 with onnxruntime's own quantizer (:mod:`ort_rmsnorm.models.int4`):
+session start. Its MatMuls are quantized to int4 with onnxruntime's own quantizer (:mod:`ort_rmsnorm.builders.int4`):
 with weights 8x smaller, the per-node cost of a decomposed norm (seven nodes, plus the residual Add before it) is a
 visible part of a decode step. Where ``onnxruntime.quantization`` cannot be imported the demo says what to install
 and goes on with the float model. Then the model is fused and verified, also for the targets ``ort`` (onnxruntime's
@@ -29,8 +29,8 @@ import onnx
 
 from . import model_io, runtime
 from .contract import AUTO, ORT, RMSNORM, SKIP_RMSNORM
-from .models import int4
-from .models.llama import DEMO_CONFIG, OPSET, LlamaConfig, build_llama_onnx
+from .builders import int4
+from .builders.llama import DEMO_CONFIG, OPSET, LlamaConfig, build_llama_onnx
 
 BUILDERS = ("auto", "torch", "onnx")
 QUANTIZATIONS = ("int4", "none")
@@ -54,7 +54,7 @@ def build_model(path: Path, config: LlamaConfig, dtype: str, builder: str) -> st
     if builder == "auto":
         builder = "torch" if torch_available() else "onnx"
     if builder == "torch":
-        from .models import exporters  # imports torch
+        from .builders import exporters  # imports torch
 
         exporters.export_llama(config, path, exporter="dynamo", dtype=dtype)
         return f"exported from torch with the dynamo exporter (opset {exporters.EXPORTER_OPSET['dynamo']})"

@@ -11,7 +11,7 @@ copy of the same bytes (see docs/benchmarks.md for why a Gather and a same-type 
 
 Modules, each importing only those above it in this list:
 
-- ``models``: the contenders' ONNX models, the bytes they move, chains of a model's nodes in series
+- ``contenders``: the contenders' ONNX models, the bytes they move, chains of a model's nodes in series
 - ``buffers``: the buffers all contenders of a case share, and the check of a contender's outputs
 - ``timing``: sessions on the shared buffers, calibrated samples, interleaved repetitions, clocks
 - ``cases``: one case measured, its medians and ratios
@@ -29,7 +29,7 @@ Modules, each importing only those above it in this list:
 - ``tune``: ``ort-rmsnorm tune``, the ``auto`` target's table of this machine, from ``cold``
 - ``command``: what ``ort-rmsnorm bench`` runs; ``__main__``: ``python -m ort_rmsnorm.bench``
 
-The models the end-to-end runs build are ``ort_rmsnorm.models``' (shared with the demo, ``benchmarks/`` and the
+The models the end-to-end runs build are ``ort_rmsnorm.builders``' (shared with the demo, ``benchmarks/`` and the
 tests); this package holds only what ``ort-rmsnorm bench`` runs, and the harness ``ort-rmsnorm tune`` and the demo
 time with (``timing``, ``profile``, ``cold``, ``machine``).
 

@@ -9,7 +9,7 @@ from typing import Callable, Iterable
 
 from . import e2e_plan
 from .machine import all_threads
-from .models import CONTENDER_NAMES, DTYPES
+from .contenders import CONTENDER_NAMES, DTYPES
 from .plan import CHAIN_LENGTH, FULL, HIDDEN_SIZES, PREFILL_ROWS, QUICK, Plan
 from .timing import CLOCKS
 

@@ -7,7 +7,7 @@ import numpy as np
 import onnxruntime as ort
 
 from ..runtime import to_ort_value
-from .models import DTYPES, EPSILON, Contender, Shape, scale_values
+from .contenders import DTYPES, EPSILON, Contender, Shape, scale_values
 
 
 # Tolerances of the sanity check that runs before timing (catches a contender that does not write its output or

@@ -10,7 +10,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from .buffers import SharedBuffers
-from .models import CONTENDERS, ROOFLINE_OF, Contender, Shape, moved_bytes
+from .contenders import CONTENDERS, ROOFLINE_OF, Contender, Shape, moved_bytes
 from .timing import clock_function, prepare, time_round_robin
 
 

@@ -43,7 +43,7 @@ def problem(args: argparse.Namespace) -> str | None:
         if missing:
             return (f"--e2e int4 exports a transformers Llama with torch: {' and '.join(missing)} "
                     f"{'is' if len(missing) == 1 else 'are'} not installed (pip install {' '.join(missing)})")
-        from ..models import int4
+        from ..builders import int4
 
         if (why := int4.unavailable()) is not None:
             return f"--e2e int4 quantizes with onnxruntime's quantizer: {why}"

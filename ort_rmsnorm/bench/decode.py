@@ -17,7 +17,7 @@ from typing import Callable, Iterable
 import onnx
 
 from .buffers import SharedBuffers
-from .models import Contender, Shape, chained
+from .contenders import Contender, Shape, chained
 from .profile import kernel_times, read_profile, trimmed_mean
 from .timing import Runner, clock_name, prepare, time_round_robin
 

@@ -33,8 +33,8 @@ from ..contract import (
     SKIP_RMSNORM,
 )
 from ..fusion import ModelFile
-from ..models import exporters
-from ..models.llama import LlamaConfig
+from ..builders import exporters
+from ..builders.llama import LlamaConfig
 from .e2e_plan import FLOAT_CONFIG, FLOAT_DTYPES, FLOAT_PREFILL_TOKENS, FLOAT_RUNS
 from .profile import nodes_by_run, node_name, op_type, read_profile
 from .tables import faster_or_slower

@@ -40,8 +40,8 @@ import onnxruntime as ort
 from .. import model_io, runtime, verify
 from ..contract import RMSNORM, SKIP_RMSNORM
 from ..fusion import fuse_file
-from ..models import int4
-from ..models.smollm import ModelShape, build_model, model_shape
+from ..builders import int4
+from ..builders.smollm import ModelShape, build_model, model_shape
 from .e2e_plan import Int4Plan
 from .int4_tables import check_text
 from .profile import node_medians, norm_share, profiled_runs
@@ -61,7 +61,7 @@ FLOOR_OP = "Reshape"
 
 def feeds(shape: ModelShape, tokens: int, past: int, seed: int = 0) -> dict[str, np.ndarray]:
     """One step: `tokens` new tokens after `past` cached ones (random keys and values)."""
-    from ..models.exporters import kv_cache_names  # imports torch, as the export does
+    from ..builders.exporters import kv_cache_names  # imports torch, as the export does
 
     rng = np.random.default_rng(seed)
     result = {"input_ids": rng.integers(0, shape.vocab, (1, tokens), dtype=np.int64),
@@ -110,7 +110,7 @@ def _write_control(original: Path, scales: set[str], path: Path) -> None:
 
 def prepare_models(shape: ModelShape, plan: Int4Plan, folder: Path, log: Callable[[str], None], *,
                    keep_export: bool = False) -> Models:
-    from ..models.exporters import export_cached_causal_lm
+    from ..builders.exporters import export_cached_causal_lm
 
     seconds = {}
     name = f"llama-{shape.hidden}x{shape.layers}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..models.llama import LlamaConfig
+from ..builders.llama import LlamaConfig
 
 MODES = ("float", "int4")
 

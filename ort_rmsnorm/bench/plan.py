@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from .cases import measure_case
 from .decode import decode_costs
 from .machine import machine_info
-from .models import CONTENDER_NAMES, CONTENDERS, DTYPES, Shape
+from .contenders import CONTENDER_NAMES, CONTENDERS, DTYPES, Shape
 from .tables import LEGEND, format_case_line, format_decode_line
 from .timing import clock_name
 

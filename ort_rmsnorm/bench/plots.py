@@ -8,7 +8,7 @@ from pathlib import Path
 from ..model_io import write_atomically
 from .cases import case_from_dict
 from .machine import machine_line
-from .models import DTYPES, Shape, moved_bytes
+from .contenders import DTYPES, Shape, moved_bytes
 from .tables import time_of
 
 PLOTTED = ("copy", "rmsnorm", "ort_simplified", "onnx_rmsnorm23", "decomposed", "copy2", "skip_rmsnorm",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from .cases import CaseResult, case_from_dict, roofline_seconds
 from .decode import DecodeCost
 from .machine import machine_line
-from .models import DTYPES
+from .contenders import DTYPES
 
 TABLE_COLUMNS = ("copy", "rmsnorm", "ort_simplified", "onnx_rmsnorm23", "decomposed", "copy2", "skip_rmsnorm",
                  "add_rmsnorm", "ort_skip_simplified", "decomposed_skip")

@@ -13,7 +13,7 @@ import onnxruntime as ort
 
 from ..runtime import make_session, timing_options, turns
 from .buffers import SharedBuffers, check_outputs
-from .models import Contender, Shape
+from .contenders import Contender, Shape
 
 
 _STATE = ort.capi.onnxruntime_pybind11_state

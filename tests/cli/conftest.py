@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ort_rmsnorm import model_io
-from ort_rmsnorm.models.llama import LlamaConfig, build_llama_onnx
+from ort_rmsnorm.builders.llama import LlamaConfig, build_llama_onnx
 
 # Two decoder layers: 5 RMSNorms, 4 of them right after a residual add.
 SMALL_LLAMA = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=160, num_layers=2, num_heads=4)

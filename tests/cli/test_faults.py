@@ -29,7 +29,7 @@ from cli.conftest import run_cli, sha256
 from deploy.conftest import tree_digest
 from deploy.genai_folders import write_onnx_folder
 from ort_rmsnorm import model_io
-from ort_rmsnorm.models.llama import LlamaConfig, build_llama_onnx
+from ort_rmsnorm.builders.llama import LlamaConfig, build_llama_onnx
 
 # 8 MiB of float32 weights: writing them takes long enough (about 0.1 s here) for kills to land inside the write.
 KILL_LLAMA = LlamaConfig(vocab_size=1024, hidden_size=256, intermediate_size=640, num_layers=2, num_heads=4)

@@ -49,7 +49,7 @@ TINY_DEMO = ("--builder", "onnx", "--layers", "2", "--hidden", "64", "--sequence
 def test_demo_without_torch(cli, tmp_path):
     """The onnx.helper builder: a small model, int4-quantized, fused, verified, timed and profiled; the models are kept
     with --keep."""
-    from ort_rmsnorm.models import int4
+    from ort_rmsnorm.builders import int4
 
     result = cli("demo", *TINY_DEMO, "--keep", tmp_path)
     assert result.returncode == 0, result
@@ -106,7 +106,7 @@ def test_demo_without_the_quantizer_says_what_to_install(monkeypatch, tmp_path):
     """Without onnxruntime.quantization (it needs packages onnxruntime does not require), the demo says why and what
     to install, and goes on with the float model."""
     from ort_rmsnorm import demo
-    from ort_rmsnorm.models import int4
+    from ort_rmsnorm.builders import int4
 
     monkeypatch.setattr(int4, "unavailable", lambda: "onnxruntime's int4 quantizer cannot be imported: No module "
                         "named 'sympy' (pip install sympy)")

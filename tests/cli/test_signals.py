@@ -23,7 +23,7 @@ import pytest
 from deploy.conftest import tree_digest
 from deploy.genai_folders import write_onnx_folder
 from ort_rmsnorm import model_io
-from ort_rmsnorm.models.llama import LlamaConfig, build_llama_onnx
+from ort_rmsnorm.builders.llama import LlamaConfig, build_llama_onnx
 
 SIGNALS = [name for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)]
 LLAMA = LlamaConfig(vocab_size=1024, hidden_size=256, intermediate_size=640, num_layers=2, num_heads=4)

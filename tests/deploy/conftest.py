@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ort_rmsnorm.models import genai
+from ort_rmsnorm.builders import genai
 
 from deploy import genai_folders
 

@@ -1,5 +1,5 @@
 """Model folders in onnxruntime-genai's layout made with ``onnx.helper`` (no genai, no torch), for the folder tests
-that always run. The folders genai's own builder makes are :mod:`ort_rmsnorm.models.genai`'s."""
+that always run. The folders genai's own builder makes are :mod:`ort_rmsnorm.builders.genai`'s."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ort_rmsnorm.models.genai import BOS, EOS, PAD
+from ort_rmsnorm.builders.genai import BOS, EOS, PAD
 
 
 HIDDEN = 64
@@ -67,7 +67,7 @@ def write_onnx_genai_folder(folder: Path) -> Path:
     (its own session options, SimplifiedLayerNormalization, external data), ``unnamed.onnx`` (named by no config
     key: copied as it is), a tokenizer file and a file in a subfolder."""
     from ort_rmsnorm import model_io
-    from ort_rmsnorm.models.llama import LlamaConfig, build_llama_onnx
+    from ort_rmsnorm.builders.llama import LlamaConfig, build_llama_onnx
 
     folder.mkdir(parents=True, exist_ok=True)
     decoder = build_llama_onnx(LlamaConfig(vocab_size=128, hidden_size=HIDDEN, intermediate_size=160, num_layers=2,
@@ -90,7 +90,7 @@ def write_onnx_genai_folder(folder: Path) -> Path:
 def write_onnx_folder(folder: Path) -> Path:
     """An optimum-style folder of several .onnx models and their configs (no genai_config.json)."""
     from ort_rmsnorm import model_io
-    from ort_rmsnorm.models.llama import LlamaConfig, build_llama_onnx
+    from ort_rmsnorm.builders.llama import LlamaConfig, build_llama_onnx
 
     folder.mkdir(parents=True, exist_ok=True)
     model_io.save_model(build_llama_onnx(LlamaConfig(vocab_size=128, hidden_size=HIDDEN, intermediate_size=160,

@@ -19,7 +19,7 @@ import ort_rmsnorm
 from deploy.conftest import run_cli, tree_digest
 from deploy.genai_folders import simplified_norm_model
 from ort_rmsnorm import durable, folders, model_io
-from ort_rmsnorm.models.genai import norm_ops
+from ort_rmsnorm.builders.genai import norm_ops
 
 LIBRARY = Path(ort_rmsnorm.get_library_path()).name
 MANIFEST = folders.MANIFEST

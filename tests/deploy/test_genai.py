@@ -17,7 +17,7 @@ import pytest
 
 import ort_rmsnorm
 from deploy.conftest import run_cli, tree_digest
-from ort_rmsnorm.models.genai import generate, norm_ops, prompt_tokens
+from ort_rmsnorm.builders.genai import generate, norm_ops, prompt_tokens
 
 NEW_TOKENS = 12
 # (architecture, precision): one of each norm layout (Llama; Qwen3's q/k norms; Gemma 2's four norms per layer) with

@@ -14,7 +14,7 @@ import onnx
 import pytest
 
 from ort_rmsnorm import model_io, verify
-from ort_rmsnorm.models.llama import LlamaConfig, build_llama_onnx
+from ort_rmsnorm.builders.llama import LlamaConfig, build_llama_onnx
 
 pytest.importorskip("olive", reason="olive-ai is not installed (pip install olive-ai)")
 

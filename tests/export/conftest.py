@@ -25,7 +25,7 @@ def exported(tmp_path_factory):
     """``exported(case, exporter, dtype)``: the case's module exported with dynamic batch and sequence dims."""
     from export.models import CASES, EXPORT_VARIANTS, UNOPTIMIZED, build  # tests/ is on sys.path; imports torch
 
-    from ort_rmsnorm.models.exporters import TORCH_DTYPES, export
+    from ort_rmsnorm.builders.exporters import TORCH_DTYPES, export
 
     folder = tmp_path_factory.mktemp("exports")
     cache: dict[tuple[str, str, str], Exported] = {}

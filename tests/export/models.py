@@ -12,8 +12,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ort_rmsnorm.models.llama import LlamaConfig
-from ort_rmsnorm.models.exporters import LlamaMLP, LlamaModel, LlamaRMSNorm, build_llama
+from ort_rmsnorm.builders.llama import LlamaConfig
+from ort_rmsnorm.builders.exporters import LlamaMLP, LlamaModel, LlamaRMSNorm, build_llama
 
 HIDDEN = 16
 

@@ -26,8 +26,8 @@ quantization = pytest.importorskip("onnxruntime.quantization")
 from export.fusing import fuse_file, op_counts  # noqa: E402
 
 from ort_rmsnorm import verify  # noqa: E402
-from ort_rmsnorm.models import exporters  # noqa: E402
-from ort_rmsnorm.models.llama import LlamaConfig  # noqa: E402
+from ort_rmsnorm.builders import exporters  # noqa: E402
+from ort_rmsnorm.builders.llama import LlamaConfig  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

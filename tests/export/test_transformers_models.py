@@ -20,7 +20,7 @@ transformers = pytest.importorskip("transformers")
 from export.fusing import fuse_file, op_counts  # noqa: E402
 
 from ort_rmsnorm import verify  # noqa: E402
-from ort_rmsnorm.models.exporters import TORCH_DTYPES, export  # noqa: E402
+from ort_rmsnorm.builders.exporters import TORCH_DTYPES, export  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

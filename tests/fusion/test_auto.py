@@ -9,7 +9,7 @@ import pytest
 
 import ort_rmsnorm
 from ort_rmsnorm.auto_table import SHIPPED, AutoTable
-from ort_rmsnorm.models.llama import LlamaConfig, build_llama_onnx
+from ort_rmsnorm.builders.llama import LlamaConfig, build_llama_onnx
 from ort_rmsnorm.rewrites import _target_auto as _auto
 from ort_rmsnorm.verify import verify
 from op_models import norm_model

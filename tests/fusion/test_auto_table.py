@@ -12,7 +12,7 @@ import pytest
 import ort_rmsnorm
 from ort_rmsnorm import auto_table
 from ort_rmsnorm.auto_table import ENV, AutoTableError
-from ort_rmsnorm.models.llama import LlamaConfig, build_llama_onnx
+from ort_rmsnorm.builders.llama import LlamaConfig, build_llama_onnx
 
 ORT_OPS = {"SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization"}
 OUR_OPS = {"RMSNorm", "SkipRMSNorm"}

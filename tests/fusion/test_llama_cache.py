@@ -10,7 +10,7 @@ import pytest
 
 import ort_rmsnorm
 from ort_rmsnorm import runtime
-from ort_rmsnorm.models.llama import LlamaConfig, build_llama_onnx
+from ort_rmsnorm.builders.llama import LlamaConfig, build_llama_onnx
 from ort_rmsnorm.verify import verify
 
 CONFIG = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2)

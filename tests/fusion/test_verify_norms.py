@@ -16,7 +16,7 @@ from onnx import helper, numpy_helper
 
 import ort_rmsnorm
 from ort_rmsnorm import norm_checks, verify
-from ort_rmsnorm.models.llama import LlamaConfig, build_llama_onnx
+from ort_rmsnorm.builders.llama import LlamaConfig, build_llama_onnx
 from fusion.norm_graphs import Spelling, norm_model
 from op_models import skip_unless_runtime_runs
 
@@ -332,7 +332,7 @@ def _quantized_llama(tmp_path, how: str) -> tuple[str, str]:
 
         quantize_dynamic(str(original), str(quantized))
     else:
-        from ort_rmsnorm.models import int4
+        from ort_rmsnorm.builders import int4
 
         if int4.unavailable():
             pytest.skip(int4.unavailable())

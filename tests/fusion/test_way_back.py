@@ -11,7 +11,7 @@ import pytest
 from onnx import helper
 
 import ort_rmsnorm
-from ort_rmsnorm.models.llama import LlamaConfig, build_llama_onnx
+from ort_rmsnorm.builders.llama import LlamaConfig, build_llama_onnx
 from ort_rmsnorm.verify import verify
 from fusion.norm_graphs import run_fused
 from op_models import make_model, norm_model, skip_unless_runtime_runs

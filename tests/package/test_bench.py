@@ -12,12 +12,12 @@ import pytest
 
 from ort_rmsnorm import cli, runtime
 from ort_rmsnorm.bench import __main__ as bench_main
-from ort_rmsnorm.bench import cases, command, machine, models, plan, plots, tables
+from ort_rmsnorm.bench import cases, command, contenders, machine, plan, plots, tables
 from ort_rmsnorm.runtime import make_session, run
 from reference import rmsnorm
 
 TINY = dict(hidden_sizes=[48], rows=[1, 5], threads=[1, 2], repetitions=2, min_sample_s=0.0,
-            contenders=list(models.CONTENDER_NAMES), decode_hidden=48, profile_runs=3, chain_length=3)
+            contenders=list(contenders.CONTENDER_NAMES), decode_hidden=48, profile_runs=3, chain_length=3)
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +28,7 @@ def report():
 def test_every_contender_runs_or_says_why(report):
     for case in report["cases"]:
         measured = {m["contender"] for m in case["measurements"]}
-        assert measured | set(case["unsupported"]) == set(models.CONTENDER_NAMES), case
+        assert measured | set(case["unsupported"]) == set(contenders.CONTENDER_NAMES), case
         assert not measured & set(case["unsupported"])
         # Ours and the copies run for every dtype; a contender that computed something wrong would be unsupported.
         assert {"rmsnorm", "skip_rmsnorm", "copy_gather", "copy2_gather"} <= measured
@@ -63,7 +63,7 @@ def test_ratios_refer_to_the_right_contenders(report):
     assert ours.speedup_vs_ort == pytest.approx(theirs.seconds / ours.seconds)
     copies = [m.seconds for m in case.measurements if m.family == "copy"]
     assert ours.vs_roofline == pytest.approx(ours.seconds / min(copies))
-    shape = models.Shape(case.dtype, case.rows, case.hidden)
+    shape = contenders.Shape(case.dtype, case.rows, case.hidden)
     assert ours.bytes == 2 * shape.tensor_bytes + case.hidden * shape.itemsize
     assert case.get("skip_rmsnorm").bytes == 4 * shape.tensor_bytes + case.hidden * shape.itemsize
 
@@ -184,16 +184,16 @@ def test_unknown_contender_is_named():
 
 
 def test_chained_model_feeds_each_stage_the_previous_outputs():
-    shape = models.Shape("float32", 2, 16)
-    model = models.chained(models.ours_skip_rmsnorm(shape), 3)
+    shape = contenders.Shape("float32", 2, 16)
+    model = contenders.chained(contenders.ours_skip_rmsnorm(shape), 3)
     onnx.checker.check_model(model)
     assert len(model.graph.node) == 3 and len({n.name for n in model.graph.node}) == 3
     rng = np.random.default_rng(7)
     x, skip = rng.standard_normal((2, 2, 16), dtype=np.float32)
     y, total = run(make_session(model), {"x": x, "skip": skip})
-    scale = models.scale_values(16)
+    scale = contenders.scale_values(16)
     for _ in range(3):  # stage i+1: x = y_i, skip = sum_i
-        expected_y, expected_sum = rmsnorm(x, scale, epsilon=models.EPSILON, skip=skip)
+        expected_y, expected_sum = rmsnorm(x, scale, epsilon=contenders.EPSILON, skip=skip)
         x, skip = expected_y.astype(np.float32), expected_sum
     np.testing.assert_allclose(total, skip, rtol=1e-6)
     np.testing.assert_allclose(y, x, rtol=1e-5, atol=1e-6)
@@ -203,7 +203,7 @@ def test_chained_model_feeds_each_stage_the_previous_outputs():
 def test_end_to_end_reports_speed_and_norm_share():
     pytest.importorskip("torch")
     from ort_rmsnorm.bench import e2e
-    from ort_rmsnorm.models.llama import LlamaConfig
+    from ort_rmsnorm.builders.llama import LlamaConfig
 
     config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2)
     report = e2e.run_e2e(config, dtypes=("float32",), prefill_tokens=6, prefill_runs=1, decode_runs=1,
@@ -221,7 +221,7 @@ def test_end_to_end_reports_speed_and_norm_share():
 
 
 def test_int4_model_shapes_keep_smollm_proportions():
-    from ort_rmsnorm.models.smollm import model_shape
+    from ort_rmsnorm.builders.smollm import model_shape
 
     smollm = model_shape(576, 30, 49152)
     assert (smollm.heads, smollm.kv_heads, smollm.intermediate, smollm.head_dim) == (9, 3, 1536, 64)

@@ -41,7 +41,7 @@ LAYERS = {
     "ort_rmsnorm.verify": API,
     "ort_rmsnorm.norm_checks": API,
     "ort_rmsnorm.tooling": API,
-    "ort_rmsnorm.models": BUILDERS,  # the demo's, bench's, benchmarks/' and the tests' models
+    "ort_rmsnorm.builders": BUILDERS,  # the demo's, bench's, benchmarks/' and the tests' models
     "ort_rmsnorm.command_line": TOOLS,
     "ort_rmsnorm.cli": TOOLS,
     "ort_rmsnorm.__main__": TOOLS,

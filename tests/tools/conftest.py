@@ -6,8 +6,8 @@ import onnx
 import pytest
 
 from ort_rmsnorm import model_io
-from ort_rmsnorm.models import int4
-from ort_rmsnorm.models.llama import build_llama_onnx
+from ort_rmsnorm.builders import int4
+from ort_rmsnorm.builders.llama import build_llama_onnx
 from tools.tool_models import CONFIG, Pair, fused_pair
 
 

@@ -303,7 +303,7 @@ def test_float16_converters(llama_models, tmp_path, converter):
 
 
 def test_int4_quantizer_after_fusing(llama_models, tmp_path):
-    from ort_rmsnorm.models import int4
+    from ort_rmsnorm.builders import int4
 
     if int4.unavailable():
         pytest.skip(int4.unavailable())

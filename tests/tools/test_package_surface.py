@@ -39,7 +39,7 @@ def test_for_cli_names_the_flag():
 
 
 def test_fuse_target_onnx_below_opset_23_tells_the_cli_flag(tmp_path):
-    from ort_rmsnorm.models.llama import build_llama_onnx
+    from ort_rmsnorm.builders.llama import build_llama_onnx
 
     source, output, report_path = tmp_path / "llama.onnx", tmp_path / "out.onnx", tmp_path / "report.json"
     model_io.save_model(build_llama_onnx(CONFIG), source)  # opset 18

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper
 
 import ort_rmsnorm
 from ort_rmsnorm import model_io
-from ort_rmsnorm.models.llama import LlamaConfig
+from ort_rmsnorm.builders.llama import LlamaConfig
 from op_models import make_model
 
 # Two decoder layers: 5 norms, 4 of them SkipRMSNorm after fusing.

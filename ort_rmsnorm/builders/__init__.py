@@ -1,7 +1,7 @@
 """The models the demo, ``ort-rmsnorm bench``, ``benchmarks/`` and the tests build (tools side: the pass and the
 public API import none of them).
 
-- ``llama``: the Llama-style decoder's config (:class:`~ort_rmsnorm.models.llama.LlamaConfig`, the demo's
+- ``llama``: the Llama-style decoder's config (:class:`~ort_rmsnorm.builders.llama.LlamaConfig`, the demo's
   ``DEMO_CONFIG``) and the model built with ``onnx.helper`` in the dynamo exporter's spelling
 - ``exporters``: the same model in torch, the two torch exporters, a transformers causal LM exported with its KV
   cache (imports torch)

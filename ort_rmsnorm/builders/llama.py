@@ -1,5 +1,5 @@
 """The Llama-style model of the demo, the benchmarks and the tests: its configuration (the demo's among them), and the
-model built with ``onnx.helper`` in the spelling of torch's dynamo exporter (``ort_rmsnorm.models.exporters`` exports
+model built with ``onnx.helper`` in the spelling of torch's dynamo exporter (``ort_rmsnorm.builders.exporters`` exports
 the same model from torch).
 
 Token embedding, decoder layers (Hugging Face's RMSNorm with float32 upcast, causal multi-head attention, SwiGLU

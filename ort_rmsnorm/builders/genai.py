@@ -57,7 +57,7 @@ _CORPUS = [
 
 @dataclasses.dataclass(frozen=True)
 class TinyConfig(LlamaConfig):
-    """A :class:`~ort_rmsnorm.models.llama.LlamaConfig` for transformers' models, tiny by default, with the two sizes
+    """A :class:`~ort_rmsnorm.builders.llama.LlamaConfig` for transformers' models, tiny by default, with the two sizes
     they have and the onnx.helper and torch builders do not: key/value heads (grouped-query attention) and the
     positions of the rotary embedding. One class would give those builders fields they ignore."""
 
