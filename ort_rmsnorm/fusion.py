@@ -34,15 +34,7 @@ import onnx_ir as ir
 
 from .contract import DEFAULT_TARGET
 from .model.read import LinkedFiles, ModelFileError, external_data_files, load_model, one_line
-from .model.write import (
-    check_output_path,
-    needs_external_data,
-    output_files,
-    refuse_overwriting,
-    remove_written,
-    save_model,
-    staged_text,
-)
+from .model.write import OutputsPlan, needs_external_data, refuse_overwriting, save_model, write_outputs
 
 if TYPE_CHECKING:
     from .rewrites import FusionReport
@@ -153,32 +145,18 @@ def fuse_file(
     """
     source, destination = Path(source), Path(destination)
     say = progress or (lambda _line: None)
-    refuse_overwriting(destination, [source], "the input")
+    refuse_overwriting(destination, [source], "the input")  # said before the input is read, whatever it holds
     say(f"loading {source}")
     loaded = ModelFile.load(source)
-    # Refuse before the work, not after it (save_model checks again).
-    external_data = needs_external_data(loaded.model)
-    check_output_path(destination, loaded.protected, external_data=external_data)
-    if report_path is not None:
-        report_path = Path(report_path)
-        outputs = output_files(destination, external_data=external_data)
-        check_output_path(report_path, [], external_data=False)
-        refuse_overwriting(report_path, [*loaded.protected, *outputs], "the input or output")
+    # Every output is planned and checked once, before the work; the writer does not check again.
+    plan = OutputsPlan.for_model(destination, external_data=needs_external_data(loaded.model), report=report_path,
+                                 protected=loaded.protected)
+    plan.check()
     say(f"fusing (target {target})")
     report = loaded.fuse(target, allow_opset_upgrade=allow_opset_upgrade, through_qdq=through_qdq)
     say(f"writing {destination}")
-    if report_path is None:
-        return FusedFile(report, loaded.save(destination, on_tensor_written=on_tensor_written))
-    text = report.to_json()
-    # The report is written first and renamed last: a report that finds no room leaves no model either.
-    with staged_text(report_path, wording(text) if wording else text, protected=loaded.protected) as commit:
-        data_file = loaded.save(destination, on_tensor_written=on_tensor_written)
-        try:
-            commit()
-        except BaseException:
-            remove_written([destination, *([data_file] if data_file else [])])
-            raise
-    return FusedFile(report, data_file)
+    text = None if plan.report is None else (wording or str)(report.to_json())
+    return FusedFile(report, write_outputs(plan, loaded.model, report_text=text, on_tensor_written=on_tensor_written))
 
 
 @overload

@@ -34,7 +34,7 @@ from ..contract import DEFAULT_TARGET, OP_DOMAIN
 from ..fusion import ModelFile
 from ..model.graphs import nodes
 from ..model.read import ModelFileError, external_data_files
-from ..model.write import check_output_path, needs_external_data, output_files, staged_text
+from ..model.write import OutputsPlan, needs_external_data, output_files, staged_report
 from . import genai_config, manifest
 from .contents import Contents, copy_file
 from .genai_config import path_text
@@ -207,8 +207,9 @@ def fuse_folder(
     layout = read_layout(source, follow_symlinks=follow_symlinks)
     check_destination(source, destination, replace=replace)
     destination = _output_folder(destination)
-    if report_path is not None:
-        check_output_path(report_path, [], external_data=False)
+    # The report is the one output planned as a file (the folder's rules are check_destination's): checked once.
+    plan = OutputsPlan(destination=None, data_file=None, report=None if report_path is None else Path(report_path))
+    plan.check()
     report = FolderReport(str(source), str(destination), layout.kind, target)
     try:
         staging = durable.staging_folder(destination)
@@ -221,12 +222,12 @@ def fuse_folder(
         say(f"writing {destination}")
         durable.fsync_tree(staging)
         _check_complete(staging, report, layout)
-        if report_path is None:
+        if plan.report is None:
             _publish(staging, destination, report, replace=replace)
         else:
             text = report.to_json()
             # The report is written first and renamed last: a report that finds no room leaves no folder either.
-            with staged_text(report_path, wording(text) if wording else text) as commit:
+            with staged_report(plan, wording(text) if wording else text) as commit:
                 _publish(staging, destination, report, replace=replace)
                 try:
                     commit()

@@ -4,13 +4,16 @@
   next to the destination, flushed to disk and renamed into place, so an interrupted or failed save leaves no partial
   output. External data goes next to the output under the output's own name (``OUT.onnx.data``); the input's data
   files are only read.
-- :func:`check_output_path`, :func:`refuse_overwriting`: the checks made before any work, so that a run never ends in
-  an output it may not write.
+- :class:`OutputsPlan`: what a run writes (a model, its data file, a report) and what it must not overwrite, built
+  and checked once before any work, so that a run never ends in an output it may not write; :func:`write_outputs`
+  writes what it names without checking again.
+- :func:`check_output_path`, :func:`refuse_overwriting`: the checks a plan is made of, for outputs of other kinds.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import stat
@@ -107,6 +110,45 @@ def _load_external_tensors(model: ir.Model, max_bytes: int | None) -> None:
                 value.const_value = ir.Tensor(tensor.numpy().copy(), dtype=tensor.dtype, name=tensor.name)
 
 
+@dataclasses.dataclass(frozen=True)
+class OutputsPlan:
+    """The files one run writes and those it must not overwrite; :meth:`check` before any work, then
+    :func:`write_outputs`. A folder route plans its report alone (``destination`` None): the folder has rules of its
+    own (:func:`ort_rmsnorm.folders.fuse.check_destination`)."""
+
+    destination: Path | None
+    """The model file, or None."""
+    data_file: Path | None
+    """The model's external data file, when its weights go to one."""
+    report: Path | None
+    """The report's JSON file, or None."""
+    protected: tuple[Path, ...] = ()
+    """The input model and its data files."""
+
+    @classmethod
+    def for_model(cls, destination: str | os.PathLike, *, external_data: bool,
+                  report: str | os.PathLike | None = None, protected: Iterable[str | os.PathLike] = ()
+                  ) -> OutputsPlan:
+        destination = Path(destination)
+        data_file = destination.with_name(data_file_name(destination)) if external_data else None
+        return cls(destination, data_file, None if report is None else Path(report), tuple(map(Path, protected)))
+
+    @property
+    def model_files(self) -> list[Path]:
+        """The model and its data file: what saving the model writes."""
+        return [path for path in (self.destination, self.data_file) if path is not None]
+
+    def check(self) -> None:
+        """:class:`ModelFileError` when an output cannot be written (its directory is missing, it names a device, a
+        directory...: :func:`check_output_kind`) or would overwrite a protected file, or the report one of the
+        model's files."""
+        if self.destination is not None:
+            check_output_path(self.destination, self.protected, external_data=self.data_file is not None)
+        if self.report is not None:
+            check_output_path(self.report, [], external_data=False)
+            refuse_overwriting(self.report, [*self.protected, *self.model_files], "the input or output")
+
+
 def save_model(
     model: ir.Model | onnx.ModelProto,
     path: str | os.PathLike,
@@ -123,15 +165,36 @@ def save_model(
     through symlinks and hard links.
     ``on_tensor_written(index, total)`` reports progress while external data is written.
     """
-    output = Path(path)
     if isinstance(model, onnx.ModelProto):
         model = ir.serde.deserialize_model(model)
     if external_data is None:
         external_data = needs_external_data(model)
-    check_output_path(output, protected, external_data=external_data)
-    data_name = data_file_name(output) if external_data else None
+    plan = OutputsPlan.for_model(path, external_data=external_data, protected=protected)
+    plan.check()
+    return write_outputs(plan, model, on_tensor_written=on_tensor_written)
+
+
+def write_outputs(plan: OutputsPlan, model: ir.Model, *, report_text: str | None = None,
+                  on_tensor_written: Callable[[int, int], None] | None = None) -> Path | None:
+    """Writes what ``plan`` names (checked: :meth:`OutputsPlan.check`) atomically and returns the external data file
+    written, if any. The report is written first and renamed into place last: a report that finds no room leaves no
+    model either (a model already renamed into place is removed)."""
+    if plan.report is None:
+        return _save(model, plan, on_tensor_written)
+    with _staged(plan.report, report_text or "") as commit:
+        _save(model, plan, on_tensor_written)
+        try:
+            commit()
+        except BaseException:
+            remove_written(plan.model_files)
+            raise
+    return plan.data_file
+
+
+def _save(model: ir.Model, plan: OutputsPlan, on_tensor_written: Callable[[int, int], None] | None) -> Path | None:
+    output, data_name = plan.destination, plan.data_file.name if plan.data_file is not None else None
     # Small tensors go inline; without external data, all of them (an explicit external_data=False).
-    _load_external_tensors(model, EXTERNAL_DATA_THRESHOLD_BYTES if external_data else None)
+    _load_external_tensors(model, EXTERNAL_DATA_THRESHOLD_BYTES if data_name else None)
 
     callback = None
     if on_tensor_written is not None:
@@ -200,7 +263,19 @@ def staged_text(path: str | os.PathLike, text: str, *, protected: Iterable[Path]
     place; the temporary is removed when the block ends without it. So a second output is written (a report, which
     may find no room) before the first is published, and published only with it. :class:`ModelFileError` when it
     cannot be written or renamed."""
-    path = _writable_output(path, protected)
+    with _staged(_writable_output(path, protected), text) as commit:
+        yield commit
+
+
+@contextlib.contextmanager
+def staged_report(plan: OutputsPlan, text: str) -> Iterator[Callable[[], None]]:
+    """:func:`staged_text` for the report of a checked ``plan`` (:meth:`OutputsPlan.check`), not checked again."""
+    with _staged(plan.report, text) as commit:
+        yield commit
+
+
+@contextlib.contextmanager
+def _staged(path: Path, text: str) -> Iterator[Callable[[], None]]:
     try:
         temporary = durable.stage_file(path, lambda staged: staged.write_text(text, encoding="utf-8"))
     except OSError as error:
