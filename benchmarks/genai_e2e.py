@@ -40,7 +40,9 @@ import numpy as np
 import onnx_ir as ir
 
 import ort_rmsnorm
-from ort_rmsnorm import folders, model_io, runtime, verify
+from ort_rmsnorm import folders, runtime, verify
+from ort_rmsnorm.model.read import load_model
+from ort_rmsnorm.model.write import save_model, write_text_atomically
 from ort_rmsnorm.contract import ORT_SIMPLIFIED_LAYER_NORM
 from ort_rmsnorm.builders import genai as genai_folders
 
@@ -98,14 +100,14 @@ def with_session_settings(folder: Path, threads: int | None) -> None:
 def _control_folder(original: Path, destination: Path) -> Path:
     """The original with the scale of its first SimplifiedLayerNormalization one ulp larger (towards +inf)."""
     shutil.copytree(original, destination)
-    model = model_io.load_model(original / "model.onnx")
+    model = load_model(original / "model.onnx")
     node = next(node for node in model.graph if node.op_type == ORT_SIMPLIFIED_LAYER_NORM)
     scale = node.inputs[1]
     values = scale.const_value.numpy()
     scale.const_value = ir.Tensor(np.nextafter(values, np.inf).astype(values.dtype), name=scale.name)
     (destination / "model.onnx").unlink()
     (destination / "model.onnx.data").unlink(missing_ok=True)
-    model_io.save_model(model, destination / "model.onnx")
+    save_model(model, destination / "model.onnx")
     return destination
 
 
@@ -300,8 +302,8 @@ def main(argv=None) -> int:
     finally:
         if work_context:
             work_context.cleanup()
-    model_io.write_text_atomically(args.out / "genai_e2e.json", json.dumps(result, indent=2) + "\n")
-    model_io.write_text_atomically(args.out / "genai_e2e.md", markdown(result))
+    write_text_atomically(args.out / "genai_e2e.json", json.dumps(result, indent=2) + "\n")
+    write_text_atomically(args.out / "genai_e2e.md", markdown(result))
     print(markdown(result))
     return 0
 

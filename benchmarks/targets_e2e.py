@@ -52,7 +52,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from ort_rmsnorm import fuse_file, model_io, runtime, verify
+from ort_rmsnorm import fuse_file, runtime, verify
+from ort_rmsnorm.model.read import ModelFileError
+from ort_rmsnorm.model.write import save_model, write_text_atomically
 from ort_rmsnorm.bench.machine import load_average, load_note, machine_info, machine_line
 from ort_rmsnorm.bench.timing import clock_function, clock_name
 from ort_rmsnorm.contract import AUTO, CUSTOM, DEFAULT_TARGET, ONNX, ORT
@@ -102,8 +104,8 @@ def build(config: LlamaConfig, dtype: str, quantize: bool, folder: Path) -> Mode
     path = folder / f"{name}.onnx"
     start = time.perf_counter()
     # Shapes of the intermediates as the dynamo exporter writes them (the demo's reason: the quantizer keeps them).
-    model_io.save_model(onnx.shape_inference.infer_shapes(build_llama_onnx(config, dtype, kv_cache=True),
-                                                          strict_mode=True, data_prop=True), path)
+    save_model(onnx.shape_inference.infer_shapes(build_llama_onnx(config, dtype, kv_cache=True),
+                                                 strict_mode=True, data_prop=True), path)
     log(f"  built in {time.perf_counter() - start:.0f} s")
     if not quantize:
         return Model(config.hidden_size, dtype, dtype, config, path)
@@ -122,7 +124,7 @@ def fuse_targets(model: Model, targets: list[str]) -> None:
         destination = model.original.with_name(model.original.name.replace(".onnx", f".{target}.onnx"))
         try:
             report = fuse_file(model.original, destination, target, allow_opset_upgrade=target == ONNX).report
-        except model_io.ModelFileError as error:
+        except ModelFileError as error:
             if target != ONNX:
                 raise
             # The opset conversion refusing the model (e.g. for an op it cannot convert) is a result to record.
@@ -392,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
             head.append(f"Load average at the start {machine['load_average_at_start'][0]:.2f}; the highest seen "
                         f"while timing {max(r['load'] for r in rows if r['load'] is not None):.2f} (2 cores, "
                         "shared with other work).\n")
-        model_io.write_text_atomically(args.out, "\n".join(head) + "\n" + text, protected=[])
+        write_text_atomically(args.out, "\n".join(head) + "\n" + text, protected=[])
         log(f"wrote {args.out}")
     return 0
 

@@ -297,14 +297,15 @@ def note_leftover_temporaries(destination: Path) -> None:
 
 
 def run_fuse_folder(args: argparse.Namespace, verification_inputs: VerificationInputs | None, out) -> int:
-    from . import folders, model_io
+    from . import folders
+    from .model.write import check_output_path
 
     report_file = args.report if args.report != REPORT_TO_STDOUT else None
     if report_file is not None:
         for folder in (args.source, args.destination):
             if folders.inside(report_file.resolve(), folder.resolve()):
                 raise UsageError(f"--report {report_file}: may not be inside the input or output folder {folder}")
-        model_io.check_output_path(report_file, [], external_data=False)
+        check_output_path(report_file, [], external_data=False)
     if args.verify:  # the sizes verify takes from the config, checked before anything is written
         from .folders.verify import check_verification_config
 

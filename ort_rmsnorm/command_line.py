@@ -131,7 +131,7 @@ def make_directory(option: str, directory: Path) -> None:
 
 def _expected_errors() -> tuple[type[BaseException], ...]:
     from .auto_table import AutoTableError
-    from .model_io import ModelFileError
+    from .model.read import ModelFileError
 
     errors = (UsageError, ModelFileError, AutoTableError, FileNotFoundError)
     try:

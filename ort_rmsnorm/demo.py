@@ -27,7 +27,8 @@ from typing import Callable
 import numpy as np
 import onnx
 
-from . import model_io, runtime
+from . import runtime
+from .model.write import save_model
 from .contract import AUTO, ORT, RMSNORM, SKIP_RMSNORM
 from .builders import int4
 from .builders.llama import DEMO_CONFIG, OPSET, LlamaConfig, build_llama_onnx
@@ -60,8 +61,8 @@ def build_model(path: Path, config: LlamaConfig, dtype: str, builder: str) -> st
         return f"exported from torch with the dynamo exporter (opset {exporters.EXPORTER_OPSET['dynamo']})"
     # With the shapes of all intermediates, as the dynamo exporter writes them: the int4 quantizer keeps them, and
     # after it shape inference cannot see through the MatMulNBits nodes it made (an op of onnxruntime's).
-    model_io.save_model(onnx.shape_inference.infer_shapes(build_llama_onnx(config, dtype), strict_mode=True,
-                                                                data_prop=True), path)
+    save_model(onnx.shape_inference.infer_shapes(build_llama_onnx(config, dtype), strict_mode=True,
+                                                       data_prop=True), path)
     return f"built with onnx.helper in the dynamo exporter's spelling (opset {OPSET}; torch not used)"
 
 

@@ -31,8 +31,9 @@ from typing import TYPE_CHECKING, Callable, Union, overload
 import onnx
 import onnx_ir as ir
 
-from . import model_io
 from .contract import DEFAULT_TARGET
+from .model.read import LinkedFiles, ModelFileError, external_data_files, load_model, one_line
+from .model.write import OutputsPlan, needs_external_data, refuse_overwriting, save_model, write_outputs
 from .schemas import register_schemas
 
 if TYPE_CHECKING:
@@ -66,12 +67,12 @@ class ModelFile:
     """The files its external tensors are stored in."""
 
     @classmethod
-    def load(cls, path: str | os.PathLike, linked: model_io.LinkedFiles | None = None) -> ModelFile:
-        """Reads and checks ``path`` (:func:`ort_rmsnorm.model_io.load_model`: a bad file is a ModelFileError naming
+    def load(cls, path: str | os.PathLike, linked: LinkedFiles | None = None) -> ModelFile:
+        """Reads and checks ``path`` (:func:`ort_rmsnorm.model.read.load_model`: a bad file is a ModelFileError naming
         it; ``linked`` as there)."""
         notes: list[str] = []
-        model = model_io.load_model(path, notes, linked)
-        return cls(Path(path), model, notes, model_io.external_data_files(model))
+        model = load_model(path, notes, linked)
+        return cls(Path(path), model, notes, external_data_files(model))
 
     @property
     def protected(self) -> list[Path]:
@@ -88,14 +89,14 @@ class ModelFile:
             return fuse_model(self.model, target, allow_opset_upgrade=allow_opset_upgrade, through_qdq=through_qdq,
                               notes=self.notes)
         except ValueError as error:
-            raise model_io.ModelFileError(f"{self.path}: {model_io.one_line(error)}") from None
+            raise ModelFileError(f"{self.path}: {one_line(error)}") from None
 
     def save(self, destination: str | os.PathLike, *,
              on_tensor_written: Callable[[int, int], None] | None = None) -> Path | None:
-        """Writes the model to ``destination`` atomically (:func:`ort_rmsnorm.model_io.save_model`), never over the
+        """Writes the model to ``destination`` atomically (:func:`ort_rmsnorm.model.write.save_model`), never over the
         file it was read from or its data; returns the external data file written, if any."""
-        return model_io.save_model(self.model, destination, protected=self.protected,
-                                   on_tensor_written=on_tensor_written)
+        return save_model(self.model, destination, protected=self.protected,
+                          on_tensor_written=on_tensor_written)
 
 
 @dataclasses.dataclass
@@ -138,39 +139,25 @@ def fuse_file(
         on_tensor_written: ``(index, total)`` while external data is written.
         wording: the report's JSON passes through it before it is written (the command line names its own flags).
 
-    Every check is made before the work. Raises :class:`ort_rmsnorm.model_io.ModelFileError` naming the file and the
+    Every check is made before the work. Raises :class:`ort_rmsnorm.model.read.ModelFileError` naming the file and the
     problem: a missing, unreadable, corrupted or invalid model, missing external data, an output that may not be
     written.
     """
     register_schemas()
     source, destination = Path(source), Path(destination)
     say = progress or (lambda _line: None)
-    model_io.refuse_overwriting(destination, [source], "the input")
+    refuse_overwriting(destination, [source], "the input")  # said before the input is read, whatever it holds
     say(f"loading {source}")
     loaded = ModelFile.load(source)
-    # Refuse before the work, not after it (save_model checks again).
-    external_data = model_io.needs_external_data(loaded.model)
-    model_io.check_output_path(destination, loaded.protected, external_data=external_data)
-    if report_path is not None:
-        report_path = Path(report_path)
-        outputs = model_io.output_files(destination, external_data=external_data)
-        model_io.check_output_path(report_path, [], external_data=False)
-        model_io.refuse_overwriting(report_path, [*loaded.protected, *outputs], "the input or output")
+    # Every output is planned and checked once, before the work; the writer does not check again.
+    plan = OutputsPlan.for_model(destination, external_data=needs_external_data(loaded.model), report=report_path,
+                                 protected=loaded.protected)
+    plan.check()
     say(f"fusing (target {target})")
     report = loaded.fuse(target, allow_opset_upgrade=allow_opset_upgrade, through_qdq=through_qdq)
     say(f"writing {destination}")
-    if report_path is None:
-        return FusedFile(report, loaded.save(destination, on_tensor_written=on_tensor_written))
-    text = report.to_json()
-    # The report is written first and renamed last: a report that finds no room leaves no model either.
-    with model_io.staged_text(report_path, wording(text) if wording else text, protected=loaded.protected) as commit:
-        data_file = loaded.save(destination, on_tensor_written=on_tensor_written)
-        try:
-            commit()
-        except BaseException:
-            model_io.remove_written([destination, *([data_file] if data_file else [])])
-            raise
-    return FusedFile(report, data_file)
+    text = None if plan.report is None else (wording or str)(report.to_json())
+    return FusedFile(report, write_outputs(plan, loaded.model, report_text=text, on_tensor_written=on_tensor_written))
 
 
 @overload
@@ -193,7 +180,7 @@ def fuse(model: ModelLike, target: str = DEFAULT_TARGET, *, allow_opset_upgrade:
             returned; the input is cloned first, use :func:`fuse_model` to work in place), or a path (checked and
             loaded as :func:`fuse_file` does, external data included; a ModelProto is returned). A missing,
             unreadable, corrupted or invalid file, or missing external data, raises
-            :class:`ort_rmsnorm.model_io.ModelFileError` naming the file.
+            :class:`ort_rmsnorm.model.read.ModelFileError` naming the file.
         target: one of :data:`ort_rmsnorm.contract.TARGETS`.
         allow_opset_upgrade: with ``target="onnx"``, convert a model below opset 23 with onnx's version converter
             (otherwise its norms are reported as skipped).

@@ -46,7 +46,7 @@ from .contract import (
     SKIP_RMSNORM,
     qualified,
 )
-from .model_io import one_line
+from .model.read import one_line
 
 LAYER_NORMALIZATION = "LayerNormalization"
 SKIP_LAYER_NORMALIZATION = "SkipLayerNormalization"

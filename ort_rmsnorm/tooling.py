@@ -30,7 +30,7 @@ from typing import Callable, Iterator, Sequence
 import onnxruntime as ort
 
 from ._library import register
-from .model_types import symbolic_leftovers_removed
+from .model.types import symbolic_leftovers_removed
 from .contract import OP_DOMAIN, RMSNORM, SKIP_RMSNORM
 from .schemas import register_schemas
 

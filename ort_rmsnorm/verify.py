@@ -21,7 +21,7 @@ covers the float32 rounding of the unfused graph's several ops; measured: at mos
 infinities must sit at the same places with the same signs. Integer and bool outputs must be equal.
 
 ``T`` is the least precise of the output's dtype and the float types the original model computes in
-(:func:`ort_rmsnorm.model_types.computed_dtypes`): a float16 model whose logits are cast to float32 at the end carries
+(:func:`ort_rmsnorm.model.types.computed_dtypes`): a float16 model whose logits are cast to float32 at the end carries
 float16 differences into its float32 output, and a float64 output computed in float32 carries float32 ones.
 """
 
@@ -40,8 +40,8 @@ import onnxruntime as ort
 from . import norm_checks, runtime
 from .contract import OPTIMIZATION_LEVEL_NAMES
 from .feeds import DEFAULT_SEED, VerifyInputError, make_inputs
-from .model_io import load_model, one_line
-from .model_types import computed_dtypes
+from .model.read import load_model, one_line
+from .model.types import computed_dtypes
 from .runtime import BFLOAT16
 from .schemas import register_schemas
 
@@ -266,7 +266,7 @@ def verify(
     """Runs ``original`` and ``fused`` on the same deterministic inputs and compares every output; with ``norms``,
     checks each norm op of ``fused`` too (:mod:`ort_rmsnorm.norm_checks`: the result's ``norms``).
 
-    Raises :class:`~ort_rmsnorm.model_io.ModelFileError` for unreadable files, :class:`VerifyInputError` when no
+    Raises :class:`~ort_rmsnorm.model.read.ModelFileError` for unreadable files, :class:`VerifyInputError` when no
     valid inputs can be made or the original does not run, and :class:`FusedModelError` when the fused model does not
     load or run while the original does.
     """

@@ -3,12 +3,12 @@
 - :func:`fuse_model`: the whole pass over an ``onnx_ir.Model``, in place, returning a :class:`FusionReport`.
 - :func:`rules`: the rules as an onnxscript ``RewriteRuleSet`` to compose with other rewrites.
 - :func:`infer_types`: the shape inference the pass runs (results kept aside, the model is not annotated; it lives
-  in :mod:`ort_rmsnorm.model_types`).
+  in :mod:`ort_rmsnorm.model.types`).
 
 See docs/fusion.md for the recognized spellings, the near-miss reasons, the targets and the report format.
 """
 
-from ort_rmsnorm.model_types import TypeTable, infer_types
+from ort_rmsnorm.model.types import TypeTable, infer_types
 
 from ._pass import fuse_model, rules, upgrade_default_opset
 from ._report import Fusion, FusionReport, Skipped

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from ort_rmsnorm.model_graphs import graph_likes, nodes, values_of
+from ort_rmsnorm.model.graphs import graph_likes, nodes, values_of
 
 
 class Annotations:
@@ -34,5 +34,5 @@ class Annotations:
 
 
 def visiting_order(model: ir.Model) -> dict[ir.Node, int]:
-    """Each node's place in the order onnxscript's rewriter visits nodes (:func:`ort_rmsnorm.model_graphs.walk`)."""
+    """Each node's place in the order onnxscript's rewriter visits nodes (:func:`ort_rmsnorm.model.graphs.walk`)."""
     return {node: index for index, node in enumerate(nodes(model))}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from ort_rmsnorm.model_graphs import all_bodies, all_call_sites, graph_likes, values_of
+from ort_rmsnorm.model.graphs import all_bodies, all_call_sites, graph_likes, values_of
 
 from ._annotations import Annotations
 from ._facts import Facts, label

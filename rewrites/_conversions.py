@@ -29,7 +29,7 @@ from ort_rmsnorm.contract import (
     qualified,
     unqualified,
 )
-from ort_rmsnorm.model_graphs import nodes
+from ort_rmsnorm.model.graphs import nodes
 
 from ._emit import default_opset
 from ._facts import (

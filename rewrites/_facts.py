@@ -13,7 +13,7 @@ import numpy as np
 import onnx_ir as ir
 
 from ort_rmsnorm.contract import ONNX_DOMAINS, STASH_TYPE
-from ort_rmsnorm.model_types import TypeTable, constant_tensor, dim_key, same_dim
+from ort_rmsnorm.model.types import TypeTable, constant_tensor, dim_key, same_dim
 
 from ._folding import MAX_DEPTH, folded_array
 

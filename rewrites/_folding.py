@@ -17,7 +17,7 @@ import onnx_ir as ir
 from onnx.reference import ReferenceEvaluator
 
 from ort_rmsnorm.contract import ONNX_DOMAINS
-from ort_rmsnorm.model_types import TypeTable
+from ort_rmsnorm.model.types import TypeTable
 
 MAX_FOLDED_BYTES = 1 << 16
 """The largest input or result of a folded node: 64 KiB covers axes, shapes, scalars and a scale of 16384 floats."""

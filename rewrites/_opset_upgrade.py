@@ -19,7 +19,7 @@ import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
 from ort_rmsnorm.contract import ONNX_DOMAINS, OP_DOMAIN
-from ort_rmsnorm.model_graphs import values_of, walk
+from ort_rmsnorm.model.graphs import values_of, walk
 
 from ._emit import default_opset
 from ._facts import label

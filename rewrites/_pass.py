@@ -17,8 +17,8 @@ from ort_rmsnorm.contract import (
     SKIP_NORM_OPS,
     qualified,
 )
-from ort_rmsnorm.model_graphs import nodes, scopes, walk
-from ort_rmsnorm.model_types import TypeTable, infer_types
+from ort_rmsnorm.model.graphs import nodes, scopes, walk
+from ort_rmsnorm.model.types import TypeTable, infer_types
 
 from ._annotations import Annotations, visiting_order
 from ._cleanup import between_phases, finish

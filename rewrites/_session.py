@@ -10,7 +10,7 @@ import numpy as np
 import onnx_ir as ir
 
 from ort_rmsnorm.contract import AXIS, DEFAULT_EPSILON, EPS_INSIDE, EPS_OUTSIDE, EPS_OUTSIDE_SQRT, EPSILON
-from ort_rmsnorm.model_graphs import Scope
+from ort_rmsnorm.model.graphs import Scope
 
 from ._facts import Facts, NotFusable, dtype_name, float_attribute, int_attribute, label
 from ._report import Fusion, FusionReport, Skipped
@@ -65,7 +65,7 @@ class FusionSession:
     """One run of the rules over a model.
 
     ``facts`` should come from :func:`infer_types`; without it only the model's own annotations are known and more
-    candidates are skipped for unknown shapes. ``scopes`` and ``order`` (:mod:`ort_rmsnorm.model_graphs`) name where
+    candidates are skipped for unknown shapes. ``scopes`` and ``order`` (:mod:`ort_rmsnorm.model.graphs`) name where
     each graph lies and order the report as the rewriter meets the nodes; without them graphs are named by their
     own names. ``notes`` open the report. ``through_qdq``: see ``_quantized``."""
 

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from ..command_line import UsageError, make_directory
-from ..model_io import write_text_atomically
+from ..model.write import write_text_atomically
 from ..schemas import register_schemas
 from . import e2e_plan, plots
 from .arguments import plan_from_args

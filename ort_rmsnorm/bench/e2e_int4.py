@@ -37,7 +37,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from .. import model_io, runtime, verify
+from .. import runtime, verify
+from ..model.write import save_model
 from ..contract import RMSNORM, SKIP_RMSNORM
 from ..fusion import fuse_file
 from ..builders import int4
@@ -105,7 +106,7 @@ def _write_control(original: Path, scales: set[str], path: Path) -> None:
             moved += 1
     if moved != len(scales):
         raise RuntimeError(f"{original}: {len(scales) - moved} norm weights are not initializers of the original")
-    model_io.save_model(model, path, protected=[original])
+    save_model(model, path, protected=[original])
 
 
 def prepare_models(shape: ModelShape, plan: Int4Plan, folder: Path, log: Callable[[str], None], *,

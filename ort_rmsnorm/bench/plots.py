@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from ..model_io import write_atomically
+from ..model.write import write_atomically
 from .cases import case_from_dict
 from .machine import machine_line
 from .contenders import DTYPES, Shape, moved_bytes

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import onnx
 
-from .. import model_io
+from ..model.write import save_model
 from .._logs import quieted
 
 # (module, class), newest first.
@@ -75,6 +75,6 @@ def quantize(source: str | os.PathLike, destination: str | os.PathLike, options:
                                          accuracy_level=options.accuracy_level or None)
         quantizer.process()
     quantized = quantizer.model.model
-    model_io.save_model(quantized, destination, protected=[source])
+    save_model(quantized, destination, protected=[source])
     counts = Counter(node.op_type for node in quantized.graph.node)
     return {"quantizer": quantizer_class.__name__, "MatMulNBits": counts["MatMulNBits"], "MatMul": counts["MatMul"]}

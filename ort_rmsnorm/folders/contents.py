@@ -25,7 +25,7 @@ import stat
 from pathlib import Path
 from typing import Iterator
 
-from ..model_io import ModelFileError
+from ..model.read import ModelFileError
 
 FOLLOW_SYMLINKS_OPTION = "--follow-symlinks"
 MAX_FOLDER_DEPTH = 64
@@ -196,7 +196,7 @@ class Contents:
 
     def linked_file(self, path: Path) -> str | None:
         """The real path of ``path`` when it is a link the walk allowed to one of the folder's files (as
-        :func:`ort_rmsnorm.model_io.load_model` asks of a model's external data reached through a link), else None."""
+        :func:`ort_rmsnorm.model.read.load_model` asks of a model's external data reached through a link), else None."""
         relative = self.relative_of(path)
         return self.files[relative].real if relative is not None else None
 

@@ -28,12 +28,13 @@ from typing import TYPE_CHECKING, Callable
 
 import onnx_ir as ir
 
-from .. import durable, model_io
+from .. import durable
 from .._library import get_library_path
 from ..contract import DEFAULT_TARGET, OP_DOMAIN
 from ..fusion import ModelFile
-from ..model_graphs import nodes
-from ..model_io import ModelFileError
+from ..model.graphs import nodes
+from ..model.read import ModelFileError, external_data_files
+from ..model.write import OutputsPlan, needs_external_data, output_files, staged_report
 from ..schemas import register_schemas
 from . import genai_config, manifest
 from .contents import Contents, copy_file
@@ -200,7 +201,7 @@ def fuse_folder(
             removed again); ``wording`` as for :func:`ort_rmsnorm.fusion.fuse_file`.
 
     Raises :class:`FolderError` for a layout it does not know, a folder entry it may not read, or an output folder it
-    may not write, and :class:`~ort_rmsnorm.model_io.ModelFileError` for a model file that cannot be read.
+    may not write, and :class:`~ort_rmsnorm.model.read.ModelFileError` for a model file that cannot be read.
     """
     register_schemas()
     source, destination = Path(source), Path(destination)
@@ -208,8 +209,9 @@ def fuse_folder(
     layout = read_layout(source, follow_symlinks=follow_symlinks)
     check_destination(source, destination, replace=replace)
     destination = _output_folder(destination)
-    if report_path is not None:
-        model_io.check_output_path(report_path, [], external_data=False)
+    # The report is the one output planned as a file (the folder's rules are check_destination's): checked once.
+    plan = OutputsPlan(destination=None, data_file=None, report=None if report_path is None else Path(report_path))
+    plan.check()
     report = FolderReport(str(source), str(destination), layout.kind, target)
     try:
         staging = durable.staging_folder(destination)
@@ -222,12 +224,12 @@ def fuse_folder(
         say(f"writing {destination}")
         durable.fsync_tree(staging)
         _check_complete(staging, report, layout)
-        if report_path is None:
+        if plan.report is None:
             _publish(staging, destination, report, replace=replace)
         else:
             text = report.to_json()
             # The report is written first and renamed last: a report that finds no room leaves no folder either.
-            with model_io.staged_text(report_path, wording(text) if wording else text) as commit:
+            with staged_report(plan, wording(text) if wording else text) as commit:
                 _publish(staging, destination, report, replace=replace)
                 try:
                     commit()
@@ -251,7 +253,7 @@ def _load(layout: Layout, relative: str) -> ModelFile:
     loaded = ModelFile.load(contents.path(relative), contents.linked_file)
     contents.check_unchanged(relative)
     if _read_linked_data_in_place(loaded.model, contents):
-        loaded.data_files = model_io.external_data_files(loaded.model)
+        loaded.data_files = external_data_files(loaded.model)
     return loaded
 
 
@@ -369,8 +371,8 @@ def _check_names(layout: Layout, loaded: dict[str, ModelFile], copied: list[str]
         written[GENAI_CONFIG] = "the config"
     for relative, model in loaded.items():
         written[relative] = "a fused model"
-        if model_io.needs_external_data(model.model):
-            written[model_io.output_files(relative, external_data=True)[1].as_posix()] = (
+        if needs_external_data(model.model):
+            written[output_files(relative, external_data=True)[1].as_posix()] = (
                 f"the external data of the fused {relative}")
     copied_set = set(copied)
     for relative, what in written.items():

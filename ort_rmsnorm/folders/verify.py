@@ -15,7 +15,7 @@ import onnx_ir as ir
 from .. import verify
 from ..contract import OP_DOMAIN
 from ..feeds import DEFAULT_SEED
-from ..model_io import load_model
+from ..model.read import load_model
 from ..schemas import register_schemas
 from . import genai_config
 from .contents import Contents, read_contents

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ort_rmsnorm import model_io
+from ort_rmsnorm.model.write import save_model
 from ort_rmsnorm.builders.llama import LlamaConfig, build_llama_onnx
 
 # Two decoder layers: 5 RMSNorms, 4 of them right after a residual add.
@@ -56,7 +56,7 @@ def digest():
 @pytest.fixture(scope="session")
 def small_llama_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("small_llama") / "llama.onnx"
-    model_io.save_model(build_llama_onnx(SMALL_LLAMA), path)
+    save_model(build_llama_onnx(SMALL_LLAMA), path)
     return path
 
 

@@ -32,7 +32,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ort_rmsnorm import model_io
+from ort_rmsnorm.model.write import save_model
 from ort_rmsnorm.builders.llama import LlamaConfig, build_llama_onnx
 
 SMALL_LLAMA = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=160, num_layers=2, num_heads=4)
@@ -132,7 +132,7 @@ def write_seed_models(root: Path) -> list[Seed]:
     seeds = []
     llama = build_llama_onnx(SMALL_LLAMA)
     for name, write in [
-        ("llama", lambda folder: model_io.save_model(llama, folder / MODEL, external_data=False)),
+        ("llama", lambda folder: save_model(llama, folder / MODEL, external_data=False)),
         ("llama_external", lambda folder: onnx.save_model(llama, folder / MODEL, save_as_external_data=True,
                                                           location="model.onnx.data", size_threshold=1024)),
         ("genai_sln", _genai_sln_model),

@@ -28,7 +28,7 @@ import pytest
 from cli.conftest import run_cli, sha256
 from deploy.conftest import tree_digest
 from deploy.genai_folders import write_onnx_folder
-from ort_rmsnorm import model_io
+from ort_rmsnorm.model.write import data_file_name, save_model
 from ort_rmsnorm.builders.llama import LlamaConfig, build_llama_onnx
 
 # 8 MiB of float32 weights: writing them takes long enough (about 0.1 s here) for kills to land inside the write.
@@ -94,7 +94,7 @@ def _output_digest(kind: str, out: Path) -> dict[str, str]:
     """sha256 by name of what the output is: the folder's files, or OUT.onnx and OUT.onnx.data where present."""
     if kind == "folder":
         return tree_digest(out) if out.is_dir() else {}
-    return {path.name: sha256(path) for path in (out, out.with_name(model_io.data_file_name(out))) if path.exists()}
+    return {path.name: sha256(path) for path in (out, out.with_name(data_file_name(out))) if path.exists()}
 
 
 def _temporaries(out: Path) -> list[Path]:
@@ -137,7 +137,7 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
     for kind in ("inline", "external", "other"):
         (root / kind).mkdir()
         model = build_llama_onnx(KILL_LLAMA, seed=1) if kind == "other" else proto
-        model_io.save_model(model, root / kind / "model.onnx", external_data=kind != "inline")
+        save_model(model, root / kind / "model.onnx", external_data=kind != "inline")
     return {"inline": root / "inline" / "model.onnx", "external": root / "external" / "model.onnx",
             "other": root / "other" / "model.onnx",  # "external" with other weights
             "folder": write_onnx_folder(root / "folder" / "model")}

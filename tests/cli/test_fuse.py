@@ -13,7 +13,9 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from ort_rmsnorm import model_io
+from ort_rmsnorm.model import write as model_write
+from ort_rmsnorm.model.read import ModelFileError, load_model
+from ort_rmsnorm.model.write import save_model
 from ort_rmsnorm.runtime import make_session, run
 from op_models import make_model, skip_unless_runtime_runs
 
@@ -143,36 +145,36 @@ def test_fuse_replaces_an_existing_output_atomically(cli, small_llama, tmp_path)
     out = tmp_path / "fused.onnx"
     out.write_bytes(b"previous content")
     assert cli("fuse", small_llama, out, "--quiet").returncode == 0
-    model_io.load_model(out)
+    load_model(out)
     assert sorted(entry.name for entry in tmp_path.iterdir()) == ["fused.onnx", "model.onnx"]
 
 
 def test_failed_save_leaves_no_partial_output(small_llama, tmp_path, monkeypatch):
     """A failure half-way (here: the final rename of the model file) removes everything written so far."""
-    model = model_io.load_model(small_llama)
+    model = load_model(small_llama)
     before = {entry.name for entry in tmp_path.iterdir()}
-    real_replace = model_io.os.replace
+    real_replace = model_write.os.replace
 
     def failing_replace(source, destination):
         if str(destination).endswith(".onnx"):
             raise OSError(28, "No space left on device")
         return real_replace(source, destination)
 
-    monkeypatch.setattr(model_io.os, "replace", failing_replace)
-    with pytest.raises(model_io.ModelFileError, match="No space left on device"):
-        model_io.save_model(model, tmp_path / "out.onnx", external_data=True, protected=[small_llama])
+    monkeypatch.setattr(model_write.os, "replace", failing_replace)
+    with pytest.raises(ModelFileError, match="No space left on device"):
+        save_model(model, tmp_path / "out.onnx", external_data=True, protected=[small_llama])
     assert {entry.name for entry in tmp_path.iterdir()} == before
 
 
 def test_failed_write_leaves_no_partial_output(small_llama, tmp_path, monkeypatch):
-    model = model_io.load_model(small_llama)
+    model = load_model(small_llama)
     before = {entry.name for entry in tmp_path.iterdir()}
 
     def failing_save(model, path, **options):
         Path(path).write_bytes(b"partial")
         raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr(model_io.ir, "save", failing_save)
-    with pytest.raises(model_io.ModelFileError, match="Input/output error"):
-        model_io.save_model(model, tmp_path / "out.onnx")
+    monkeypatch.setattr(model_write.ir, "save", failing_save)
+    with pytest.raises(ModelFileError, match="Input/output error"):
+        save_model(model, tmp_path / "out.onnx")
     assert {entry.name for entry in tmp_path.iterdir()} == before

@@ -11,7 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from ort_rmsnorm import model_io
+from ort_rmsnorm.model.read import ModelFileError, load_model
 from op_models import make_model
 
 
@@ -73,9 +73,9 @@ def test_truncations_of_a_model_are_rejected(small_llama, tmp_path):
     for length in lengths:
         bad.write_bytes(valid[:length])
         try:
-            model_io.load_model(bad)
+            load_model(bad)
             accepted.append(length)
-        except model_io.ModelFileError:
+        except ModelFileError:
             pass
     assert accepted == []
 

@@ -26,7 +26,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from cli.malformed import MODEL, make_case, write_seed_models
-from ort_rmsnorm import model_io
+from ort_rmsnorm.model.read import ModelFileError, external_data_files, load_model
 from ort_rmsnorm.cli import main
 
 SEED = int(os.environ.get("ORT_RMSNORM_MALFORMED_SEED", "0"))
@@ -97,8 +97,8 @@ def run_case(seeds, seed: int, index: int, root: Path) -> tuple[str, str | None,
             problem = f"status 0 left {left} in the output's folder"
         else:
             try:
-                model_io.load_model(out_folder / "fused.onnx")
-            except model_io.ModelFileError as error:
+                load_model(out_folder / "fused.onnx")
+            except ModelFileError as error:
                 problem = f"status 0 wrote a model that does not load again: {error}"
     outcome = "fused" if status == 0 else (stderr.strip().splitlines() or ["?"])[-1][len(ERROR_PREFIX):]
     return described, problem, outcome
@@ -234,15 +234,15 @@ def test_external_data_through_a_link_only_where_the_caller_allows_it(tmp_path):
     blob = tmp_path / "blob"
     (folder / "w.bin").rename(blob)
     (folder / "w.bin").symlink_to(blob)
-    with pytest.raises(model_io.ModelFileError, match="reached through this symbolic link"):
-        model_io.load_model(model)
-    with pytest.raises(model_io.ModelFileError, match="reached through this symbolic link"):
-        model_io.load_model(model, linked=lambda path: None)
-    loaded = model_io.load_model(model, linked=lambda path: str(blob) if path == folder / "w.bin" else None)
+    with pytest.raises(ModelFileError, match="reached through this symbolic link"):
+        load_model(model)
+    with pytest.raises(ModelFileError, match="reached through this symbolic link"):
+        load_model(model, linked=lambda path: None)
+    loaded = load_model(model, linked=lambda path: str(blob) if path == folder / "w.bin" else None)
     assert [value.name for value in loaded.graph.initializers.values()] == ["gamma"]
     blob.write_bytes(bytes(8))  # the target is the file checked: now too short
-    with pytest.raises(model_io.ModelFileError, match="too short"):
-        model_io.load_model(model, linked=lambda path: str(blob))
+    with pytest.raises(ModelFileError, match="too short"):
+        load_model(model, linked=lambda path: str(blob))
 
 
 def test_external_data_of_a_constant_in_a_function_is_checked_against_the_models_folder(tmp_path):
@@ -263,17 +263,17 @@ def test_external_data_of_a_constant_in_a_function_is_checked_against_the_models
                               functions=[function], ir_version=9)
     path = tmp_path / "model.onnx"
     path.write_bytes(model.SerializeToString())
-    loaded = model_io.load_model(path)
+    loaded = load_model(path)
     constant = next(iter(loaded.functions.values()))[0].attributes["value"].value
     np.testing.assert_array_equal(constant.numpy(), np.arange(4, dtype=np.float32))
-    assert model_io.external_data_files(loaded) == {(tmp_path / "c.bin").resolve()}
+    assert external_data_files(loaded) == {(tmp_path / "c.bin").resolve()}
     stored.external_data[0].value = "../c.bin"
     function.node[0].CopyFrom(helper.make_node("Constant", [], ["c"], value=stored))
     path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
                                                              helper.make_opsetid("local", 1)],
                                        functions=[function], ir_version=9).SerializeToString())
-    with pytest.raises(model_io.ModelFileError, match="goes up a directory"):
-        model_io.load_model(path)
+    with pytest.raises(ModelFileError, match="goes up a directory"):
+        load_model(path)
 
 
 def _with_invalid_utf8(data: bytes, name: bytes, replacement: bytes) -> bytes:
@@ -304,10 +304,10 @@ def test_infer_types_leaves_nothing_unbound_when_reading_a_constant_fails(tmp_pa
     `UnboundLocalError: ... 'stripped'` instead of falling back to the model's own annotations."""
     import onnx_ir as ir
 
-    from ort_rmsnorm.model_types import infer_types
+    from ort_rmsnorm.model.types import infer_types
 
     path = _sln_model(tmp_path, default_domain_norm=False)
-    model = model_io.load_model(path)
+    model = load_model(path)
     (tmp_path / "w.bin").unlink()
     table = infer_types(model)
     assert table.dtype(model.graph.outputs[0]) == ir.DataType.FLOAT

@@ -21,7 +21,9 @@ from pathlib import Path
 import pytest
 
 from cli.conftest import one_line_error, run_cli
-from ort_rmsnorm import cli, durable, folders, fusion, model_io
+from ort_rmsnorm import cli, durable, folders, fusion
+from ort_rmsnorm.model.read import ModelFileError
+from ort_rmsnorm.model.write import save_model, write_text_atomically
 
 
 def _identity(path: Path) -> tuple:
@@ -65,7 +67,7 @@ def model_file(tmp_path_factory) -> Path:
     from deploy.genai_folders import simplified_norm_model
 
     path = tmp_path_factory.mktemp("model") / "m.onnx"
-    model_io.save_model(simplified_norm_model(1), path)
+    save_model(simplified_norm_model(1), path)
     return path
 
 
@@ -90,12 +92,12 @@ def test_special_output_is_refused_and_left_alone(model_file, tmp_path, kind, op
 def test_special_output_refused_by_the_api(model_file, tmp_path, kind):
     special = _special(tmp_path, kind)
     before = _identity(special)
-    with pytest.raises(model_io.ModelFileError, match="renamed into place"):
+    with pytest.raises(ModelFileError, match="renamed into place"):
         fusion.fuse_file(model_file, special)
-    with pytest.raises(model_io.ModelFileError, match="renamed into place"):
+    with pytest.raises(ModelFileError, match="renamed into place"):
         fusion.fuse_file(model_file, tmp_path / "o.onnx", report_path=special)
-    with pytest.raises(model_io.ModelFileError, match="renamed into place"):
-        model_io.write_text_atomically(special, "{}")
+    with pytest.raises(ModelFileError, match="renamed into place"):
+        write_text_atomically(special, "{}")
     assert _identity(special) == before and not (tmp_path / "o.onnx").exists()
 
 
@@ -117,7 +119,7 @@ def test_special_data_file_is_refused(tmp_path):
     from deploy.genai_folders import simplified_norm_model
 
     model = tmp_path / "ext.onnx"
-    model_io.save_model(simplified_norm_model(1), model, external_data=True)
+    save_model(simplified_norm_model(1), model, external_data=True)
     os.mkfifo(tmp_path / "o.onnx.data")
     one_line_error(run_cli("fuse", model, tmp_path / "o.onnx", "--quiet"), "o.onnx.data", "a FIFO")
     assert not (tmp_path / "o.onnx").exists() and stat.S_ISFIFO(os.lstat(tmp_path / "o.onnx.data").st_mode)
@@ -203,7 +205,7 @@ def test_report_failure_leaves_no_model(tmp_path, monkeypatch, capsys, stage, ex
 
     model = tmp_path / "in" / "m.onnx"
     model.parent.mkdir()
-    model_io.save_model(simplified_norm_model(1), model, external_data=external_data)
+    save_model(simplified_norm_model(1), model, external_data=external_data)
     out = tmp_path / "out"
     out.mkdir()
     _failing_on(monkeypatch, stage, "r.json")
@@ -223,6 +225,6 @@ def test_folder_report_failure_leaves_no_folder(tmp_path, monkeypatch, capsys, s
     error = capsys.readouterr().err.strip().splitlines()
     assert status == 2 and len(error) == 1 and "r.json" in error[0], error
     assert sorted(os.listdir(tmp_path)) == ["in"]
-    with pytest.raises(model_io.ModelFileError):
+    with pytest.raises(ModelFileError):
         folders.fuse_folder(folder, tmp_path / "out2", report_path=tmp_path / "r.json")
     assert sorted(os.listdir(tmp_path)) == ["in"]

@@ -22,7 +22,8 @@ import pytest
 
 from deploy.conftest import tree_digest
 from deploy.genai_folders import write_onnx_folder
-from ort_rmsnorm import model_io
+from ort_rmsnorm.model.read import load_model
+from ort_rmsnorm.model.write import save_model
 from ort_rmsnorm.builders.llama import LlamaConfig, build_llama_onnx
 
 SIGNALS = [name for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)]
@@ -80,7 +81,7 @@ def _temporaries(directory: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def model_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("signal_model") / "model.onnx"
-    model_io.save_model(build_llama_onnx(LLAMA), path)
+    save_model(build_llama_onnx(LLAMA), path)
     return path
 
 
@@ -119,7 +120,7 @@ def test_signal_during_a_file_fuse(name, model_file, tmp_path):
         assert not out.exists()
     else:  # the signal came once the output was complete: before the command returned, or while Python exits
         assert returncode in (0, -signum), "\n".join(run.lines)
-        assert model_io.load_model(out) is not None and report.is_file()
+        assert load_model(out) is not None and report.is_file()
     assert not any("Traceback" in line for line in run.lines)
     assert _temporaries(tmp_path) == []
     assert tree_digest(model_file.parent) == before

@@ -6,7 +6,7 @@ from __future__ import annotations
 import onnx
 from onnx import TensorProto, helper
 
-from ort_rmsnorm import model_io
+from ort_rmsnorm.model.read import load_model
 
 
 def _reversed_nodes(source, destination) -> None:
@@ -30,7 +30,7 @@ def test_unsorted_model_is_sorted_fused_and_verified(cli, digest, small_llama_fi
     onnx.checker.check_model(tmp_path / "fused.onnx")
 
     notes: list[str] = []
-    model_io.load_model(unsorted, notes)
+    load_model(unsorted, notes)
     assert len(notes) == 1 and "sorted before fusing" in notes[0]
 
 

@@ -66,16 +66,16 @@ def write_onnx_genai_folder(folder: Path) -> Path:
     external data), ``embedding.onnx`` (no session options of its own: it uses the decoder's), ``vision.onnx``
     (its own session options, SimplifiedLayerNormalization, external data), ``unnamed.onnx`` (named by no config
     key: copied as it is), a tokenizer file and a file in a subfolder."""
-    from ort_rmsnorm import model_io
+    from ort_rmsnorm.model.write import save_model
     from ort_rmsnorm.builders.llama import LlamaConfig, build_llama_onnx
 
     folder.mkdir(parents=True, exist_ok=True)
     decoder = build_llama_onnx(LlamaConfig(vocab_size=128, hidden_size=HIDDEN, intermediate_size=160, num_layers=2,
                                            num_heads=4))
-    model_io.save_model(decoder, folder / "model.onnx", external_data=True)
-    model_io.save_model(simplified_norm_model(1), folder / "embedding.onnx", external_data=False)
-    model_io.save_model(simplified_norm_model(2), folder / "vision.onnx", external_data=True)
-    model_io.save_model(simplified_norm_model(3), folder / "unnamed.onnx", external_data=False)
+    save_model(decoder, folder / "model.onnx", external_data=True)
+    save_model(simplified_norm_model(1), folder / "embedding.onnx", external_data=False)
+    save_model(simplified_norm_model(2), folder / "vision.onnx", external_data=True)
+    save_model(simplified_norm_model(3), folder / "unnamed.onnx", external_data=False)
     config = genai_config(embedding={"filename": "embedding.onnx"},
                           vision={"filename": "vision.onnx", "config_filename": "processor_config.json",
                                   "session_options": {"log_id": "vision", "provider_options": []}})
@@ -89,16 +89,16 @@ def write_onnx_genai_folder(folder: Path) -> Path:
 
 def write_onnx_folder(folder: Path) -> Path:
     """An optimum-style folder of several .onnx models and their configs (no genai_config.json)."""
-    from ort_rmsnorm import model_io
+    from ort_rmsnorm.model.write import save_model
     from ort_rmsnorm.builders.llama import LlamaConfig, build_llama_onnx
 
     folder.mkdir(parents=True, exist_ok=True)
-    model_io.save_model(build_llama_onnx(LlamaConfig(vocab_size=128, hidden_size=HIDDEN, intermediate_size=160,
-                                                     num_layers=1, num_heads=4)),
-                        folder / "decoder_model_merged.onnx", external_data=True)
-    model_io.save_model(simplified_norm_model(4), folder / "model.onnx", external_data=False)
+    save_model(build_llama_onnx(LlamaConfig(vocab_size=128, hidden_size=HIDDEN, intermediate_size=160,
+                                            num_layers=1, num_heads=4)),
+               folder / "decoder_model_merged.onnx", external_data=True)
+    save_model(simplified_norm_model(4), folder / "model.onnx", external_data=False)
     (folder / "onnx").mkdir(exist_ok=True)
-    model_io.save_model(simplified_norm_model(5), folder / "onnx" / "encoder_model.onnx", external_data=False)
+    save_model(simplified_norm_model(5), folder / "onnx" / "encoder_model.onnx", external_data=False)
     (folder / "config.json").write_text('{"model_type": "llama"}\n')
     (folder / "generation_config.json").write_text("{}\n")
     return folder

@@ -15,7 +15,8 @@ import pytest
 
 from deploy.conftest import run_cli, tree_digest
 from deploy.genai_folders import genai_config, simplified_norm_model
-from ort_rmsnorm import folders, model_io
+from ort_rmsnorm import folders
+from ort_rmsnorm.model.write import save_model
 from ort_rmsnorm.folders import genai_config as config_text
 from cli.conftest import one_line_error
 from ort_rmsnorm.folders.layout import Component
@@ -119,7 +120,7 @@ def test_sizes_within_bounds_are_used():
 @pytest.mark.parametrize("dim", ["-1", "1" + "0" * 30, "9" * 5000, "²"])
 def test_bad_dim_option_is_refused(tmp_path, dim):
     model = tmp_path / "m.onnx"
-    model_io.save_model(simplified_norm_model(1), model)
+    save_model(simplified_norm_model(1), model)
     out = tmp_path / "o.onnx"
     one_line_error(run_cli("fuse", model, out, "--verify", "--dim", f"batch={dim}", "--quiet"), "--dim")
     assert not out.exists()
@@ -184,7 +185,7 @@ class _CountingDecoder(json.JSONDecoder):
 def _sections_folder(root: Path, count: int) -> Path:
     folder = root / f"in-{count}"
     folder.mkdir()
-    model_io.save_model(simplified_norm_model(1), folder / "model.onnx")
+    save_model(simplified_norm_model(1), folder / "model.onnx")
     config = genai_config()
     config["model"]["decoder"]["pipeline"] = [
         {f"stage{index}": {"filename": "model.onnx", "session_options": {"log_id": f"stage{index}"}}}

@@ -19,7 +19,8 @@ import pytest
 
 from deploy.conftest import run_cli, tree_digest
 from deploy.genai_folders import genai_config, simplified_norm_model
-from ort_rmsnorm import durable, folders, model_io
+from ort_rmsnorm import durable, folders
+from ort_rmsnorm.model.write import save_model
 
 SECRET = "token=do-not-copy-me"
 
@@ -32,7 +33,7 @@ def _model_folder(root: Path, name: str = "in", *, external_data: bool = False) 
     """A plain folder of one model (``model.onnx``) and a config file."""
     folder = root / name
     folder.mkdir()
-    model_io.save_model(simplified_norm_model(0), folder / "model.onnx", external_data=external_data)
+    save_model(simplified_norm_model(0), folder / "model.onnx", external_data=external_data)
     (folder / "config.json").write_text('{"model_type": "llama"}\n')
     return folder
 
@@ -42,7 +43,7 @@ def _outside(root: Path) -> Path:
     outside = root / "outside"
     outside.mkdir()
     (outside / "secret.txt").write_text(SECRET)
-    model_io.save_model(simplified_norm_model(7), outside / "other.onnx")
+    save_model(simplified_norm_model(7), outside / "other.onnx")
     return outside
 
 
@@ -187,7 +188,7 @@ def test_hugging_face_snapshot(tmp_path):
     snapshot.mkdir(parents=True)
     staging = tmp_path / "download"
     staging.mkdir()
-    model_io.save_model(simplified_norm_model(3), staging / "model.onnx", external_data=True)
+    save_model(simplified_norm_model(3), staging / "model.onnx", external_data=True)
     (staging / "tokenizer.json").write_text('{"model": {}}\n')
     for index, name in enumerate(("model.onnx", "model.onnx.data", "tokenizer.json")):
         (staging / name).rename(blobs / f"blob{index}")

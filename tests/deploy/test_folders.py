@@ -18,7 +18,8 @@ import pytest
 import ort_rmsnorm
 from deploy.conftest import run_cli, tree_digest
 from deploy.genai_folders import simplified_norm_model
-from ort_rmsnorm import durable, folders, model_io
+from ort_rmsnorm import durable, folders
+from ort_rmsnorm.model.write import save_model
 from ort_rmsnorm.builders.genai import norm_ops
 
 LIBRARY = Path(ort_rmsnorm.get_library_path()).name
@@ -149,7 +150,7 @@ def test_nothing_fused_copies_no_library(tmp_path):
     model = simplified_norm_model(0)
     del model.graph.node[0]  # the MatMul alone: no norm
     model.graph.node[0].input[0] = "x"
-    model_io.save_model(model, folder / "model.onnx")
+    save_model(model, folder / "model.onnx")
     report = folders.fuse_folder(folder, tmp_path / "out")
     assert report.library is None and not report.config_changes
     assert not (tmp_path / "out" / LIBRARY).exists()
@@ -176,7 +177,7 @@ def test_pipeline_and_shared_data(tmp_path):
     folder.mkdir()
     onnx.save_model(simplified_norm_model(0), str(folder / "stage0.onnx"), save_as_external_data=True,
                     location="shared.bin", size_threshold=1024)
-    model_io.save_model(simplified_norm_model(1), folder / "stage1.onnx")
+    save_model(simplified_norm_model(1), folder / "stage1.onnx")
     shared = (folder / "shared.bin").read_bytes()
     pipeline = [{"model_id": "stage0", "filename": "stage0.onnx"},
                 {"model_id": "stage1", "filename": "stage1.onnx", "session_options": {"log_id": "stage1"}}]
@@ -308,7 +309,7 @@ def test_report_may_not_go_into_the_folders(onnx_folder, tmp_path):
 
 
 def test_replace_is_for_folders(tmp_path):
-    model_io.save_model(simplified_norm_model(0), tmp_path / "model.onnx")
+    save_model(simplified_norm_model(0), tmp_path / "model.onnx")
     result = run_cli("fuse", tmp_path / "model.onnx", tmp_path / "fused.onnx", "--replace")
     assert result.returncode == 2 and "--replace is for folders" in result.stderr
 
@@ -319,7 +320,7 @@ def test_replace_is_for_folders(tmp_path):
 def _genai_folder_with(tmp_path: Path, config_text: str) -> Path:
     folder = tmp_path / "in"
     folder.mkdir()
-    model_io.save_model(simplified_norm_model(0), folder / "model.onnx")
+    save_model(simplified_norm_model(0), folder / "model.onnx")
     (folder / "genai_config.json").write_text(config_text)
     return folder
 

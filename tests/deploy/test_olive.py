@@ -13,7 +13,8 @@ from pathlib import Path
 import onnx
 import pytest
 
-from ort_rmsnorm import model_io, verify
+from ort_rmsnorm import verify
+from ort_rmsnorm.model.write import save_model
 from ort_rmsnorm.builders.llama import LlamaConfig, build_llama_onnx
 
 pytest.importorskip("olive", reason="olive-ai is not installed (pip install olive-ai)")
@@ -36,7 +37,7 @@ def test_olive_workflow_fuses_and_keeps_the_outputs(tmp_path, target):
     if not EXAMPLE.is_dir():
         pytest.skip(f"no {EXAMPLE} beside the tests")
     config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=160, num_layers=2, num_heads=4)
-    model_io.save_model(build_llama_onnx(config), tmp_path / "model.onnx")
+    save_model(build_llama_onnx(config), tmp_path / "model.onnx")
     (tmp_path / "workflow.json").write_text((EXAMPLE / "workflow.json").read_text())
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(EXAMPLE), os.environ.get("PYTHONPATH", "")])}
     result = subprocess.run([sys.executable, "-c", _RUN, target], cwd=tmp_path, env=env, capture_output=True,

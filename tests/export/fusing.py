@@ -7,17 +7,18 @@ from pathlib import Path
 
 import onnx
 
-from ort_rmsnorm import model_io
+from ort_rmsnorm.model.read import load_model
+from ort_rmsnorm.model.write import save_model
 from ort_rmsnorm.fusion import FusionReport, fuse_model
 
 
 def fuse_file(source: Path, **options) -> tuple[Path, FusionReport]:
     """Fuses ``source`` into ``<stem>.fused.onnx`` beside it (``options``: those of ``fuse_model``); returns that path
     and the report."""
-    model = model_io.load_model(source)
+    model = load_model(source)
     report = fuse_model(model, **options)
     output = source.with_name(source.stem + ".fused.onnx")
-    model_io.save_model(model, output, protected=[source])
+    save_model(model, output, protected=[source])
     return output, report
 
 

@@ -21,7 +21,8 @@ torch = pytest.importorskip("torch")
 from export.fusing import fuse_file, op_counts  # noqa: E402
 from export.models import RMSNORM_MODULES, count_modules, skip_norms_expected  # noqa: E402
 
-from ort_rmsnorm import model_io, verify  # noqa: E402
+from ort_rmsnorm import verify  # noqa: E402
+from ort_rmsnorm.model.read import load_model  # noqa: E402
 from ort_rmsnorm.runtime import make_session  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -110,7 +111,7 @@ def processed(exported, tmp_path_factory):
                 pytest.skip(f"{tool} fails on this export itself: {error!r}")
             onnx.save(converted, path)
             notes: list[str] = []
-            model_io.load_model(path, notes)
+            load_model(path, notes)
             fused, report = fuse_file(path)
             cache[key] = Processed(path, fused, report, source.module, notes)
         return cache[key]

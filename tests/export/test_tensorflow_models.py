@@ -27,7 +27,9 @@ import pytest
 
 from export.tensorflow_export import CASES, model_name, opsets_of
 from fusion.norm_graphs import check_model
-from ort_rmsnorm import model_io, verify
+from ort_rmsnorm import verify
+from ort_rmsnorm.model.read import load_model
+from ort_rmsnorm.model.write import save_model
 from ort_rmsnorm.fusion import FusionReport, fuse_model
 from ort_rmsnorm.runtime import make_session, run
 
@@ -83,10 +85,10 @@ def fused_export(tensorflow_exports):
     def get(name: str, target: str) -> tuple[Export, Path, FusionReport]:
         source = tensorflow_exports[name]
         if (name, target) not in cache:
-            model = model_io.load_model(source.path)
+            model = load_model(source.path)
             report = fuse_model(model, target, allow_opset_upgrade=True)
             output = source.path.with_name(f"{source.path.stem}.{target}.onnx")
-            model_io.save_model(model, output, protected=[source.path])
+            save_model(model, output, protected=[source.path])
             cache[(name, target)] = (output, report)
         return (source, *cache[(name, target)])
 

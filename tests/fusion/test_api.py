@@ -16,7 +16,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import ort_rmsnorm
-from ort_rmsnorm import model_io
+from ort_rmsnorm.model.read import ModelFileError
 from fusion.norm_graphs import (
     Spelling,
     assert_close_after_layers,
@@ -69,9 +69,9 @@ def test_bad_path_is_an_error_naming_the_file(tmp_path):
     """As `ort-rmsnorm fuse` reports it (it was protobuf's DecodeError, which names no file)."""
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"not a model")
-    with pytest.raises(model_io.ModelFileError, match=r"bad\.onnx: not a readable ONNX model"):
+    with pytest.raises(ModelFileError, match=r"bad\.onnx: not a readable ONNX model"):
         ort_rmsnorm.fuse(bad)
-    with pytest.raises(model_io.ModelFileError, match=r"absent\.onnx: no such file"):
+    with pytest.raises(ModelFileError, match=r"absent\.onnx: no such file"):
         ort_rmsnorm.fuse(tmp_path / "absent.onnx")
 
 

@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 import ort_rmsnorm
 from fusion.norm_graphs import fused_nodes, run_fused, run_unfused
 from op_models import ORT_RELEASE, make_model
-from ort_rmsnorm.model_types import TypeTable
+from ort_rmsnorm.model.types import TypeTable
 from ort_rmsnorm.rewrites._facts import Facts, proven_shape
 from ort_rmsnorm.runtime import make_session, run
 from reference import random_array, rmsnorm

@@ -231,7 +231,7 @@ def test_reshape_of_a_computed_shape(name, target, rng):
 
 def test_inferred_dims_of_a_computed_reshape():
     """What :func:`infer_shapes` gives the Reshape of ``[B, S, 4, Shape(x)[2] / 4]``, and the value after it."""
-    from ort_rmsnorm.shape_refinement import infer_shapes
+    from ort_rmsnorm.model.shapes import infer_shapes
 
     model = head_norm_model()
     inferred = infer_shapes(model)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import onnx
 import pytest
 
-from ort_rmsnorm import model_io
+from ort_rmsnorm.model.write import save_model
 from ort_rmsnorm.builders import int4
 from ort_rmsnorm.builders.llama import build_llama_onnx
 from tools.tool_models import CONFIG, Pair, fused_pair
@@ -16,8 +16,8 @@ def llama_models(tmp_path_factory) -> dict[str, Pair]:
     """``float`` (shapes of every value stored, as the demo writes it) and ``int4`` (MatMulNBits)."""
     folder = tmp_path_factory.mktemp("llama")
     source = folder / "llama.onnx"
-    model_io.save_model(onnx.shape_inference.infer_shapes(build_llama_onnx(CONFIG), strict_mode=True, data_prop=True),
-                        source)
+    save_model(onnx.shape_inference.infer_shapes(build_llama_onnx(CONFIG), strict_mode=True, data_prop=True),
+               source)
     pairs = {"float": fused_pair(folder, "llama", source)}
     if int4.unavailable() is None:
         quantized = folder / "llama.int4.onnx"

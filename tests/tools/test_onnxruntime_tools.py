@@ -28,7 +28,8 @@ import onnx
 import pytest
 
 import ort_rmsnorm
-from ort_rmsnorm import model_io, runtime, verify
+from ort_rmsnorm import runtime, verify
+from ort_rmsnorm.model.write import save_model
 from tools.tool_models import our_nodes
 
 quantization = pytest.importorskip("onnxruntime.quantization")
@@ -248,7 +249,7 @@ def test_command_line_tool_status_and_errors(tmp_path):
 
 def _saved(tmp_path: Path, name: str, model: onnx.ModelProto) -> Path:
     path = tmp_path / f"{name}.onnx"
-    model_io.save_model(model, path)
+    save_model(model, path)
     return path
 
 

@@ -8,7 +8,8 @@ import subprocess
 import sys
 
 import ort_rmsnorm
-from ort_rmsnorm import command_line, model_io
+from ort_rmsnorm import command_line
+from ort_rmsnorm.model.write import save_model
 from tools.tool_models import CONFIG
 
 
@@ -42,7 +43,7 @@ def test_fuse_target_onnx_below_opset_23_tells_the_cli_flag(tmp_path):
     from ort_rmsnorm.builders.llama import build_llama_onnx
 
     source, output, report_path = tmp_path / "llama.onnx", tmp_path / "out.onnx", tmp_path / "report.json"
-    model_io.save_model(build_llama_onnx(CONFIG), source)  # opset 18
+    save_model(build_llama_onnx(CONFIG), source)  # opset 18
     _, api_report = ort_rmsnorm.fuse(source, "onnx")
     assert any("allow_opset_upgrade=True" in entry.reason for entry in api_report.skipped)  # the API's words
     completed = subprocess.run([sys.executable, "-m", "ort_rmsnorm", "fuse", source, output, "--target", "onnx",

@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import ort_rmsnorm
-from ort_rmsnorm import model_types
+from ort_rmsnorm.model import types as model_types
 
 pytest.importorskip("onnxruntime.tools.symbolic_shape_infer")
 

@@ -13,7 +13,7 @@ import onnx
 from onnx import TensorProto, helper
 
 import ort_rmsnorm
-from ort_rmsnorm import model_io
+from ort_rmsnorm.model.write import save_model
 from ort_rmsnorm.builders.llama import LlamaConfig
 from op_models import make_model
 
@@ -44,7 +44,7 @@ def fused_pair(folder: Path, name: str, source: Path) -> Pair:
     fused, report = ort_rmsnorm.fuse(source)
     assert len(report.fusions) == CONFIG.norm_count, report.summary()
     fused_path = folder / f"{name}.fused.onnx"
-    model_io.save_model(fused, fused_path)
+    save_model(fused, fused_path)
     return Pair(name, source, fused_path)
 
 

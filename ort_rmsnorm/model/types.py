@@ -4,7 +4,7 @@ ONNX shape inference (symbolic dims) runs on the main graph and its subgraphs, o
 large initializers' data (as onnx_ir's ShapeInferencePass does), so external weights are never loaded.
 The copy's subgraph values are named apart first, and the dims ONNX leaves unknown that the graph shows (after a
 `Slice` with computed bounds, a `Reshape` of a computed shape, in a `Loop` body's carried values) are put back and
-inference runs again (:mod:`ort_rmsnorm.shape_refinement`). Model-local function bodies get no shapes from it, so
+inference runs again (:mod:`ort_rmsnorm.model.shapes`). Model-local function bodies get no shapes from it, so
 each function is inferred on its own from the types at its call sites. The results go into a :class:`TypeTable`;
 the model keeps its own annotations.
 """
@@ -22,9 +22,9 @@ from collections.abc import Callable, Iterator, Mapping
 import onnx
 import onnx_ir as ir
 
-from .contract import ONNX_DOMAINS
-from .model_graphs import all_call_sites, graph_likes, values_of
-from .shape_refinement import infer_shapes, names_apart
+from ..contract import ONNX_DOMAINS
+from .graphs import all_call_sites, graph_likes, values_of
+from .shapes import infer_shapes, names_apart
 
 logger = logging.getLogger(__name__)
 

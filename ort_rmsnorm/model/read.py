@@ -1,50 +1,37 @@
-"""Reading and writing model files safely.
+"""Reading and checking model files.
 
-- :func:`load_model`: clear errors for a missing, unreadable, truncated, corrupted or invalid
-  model, each naming the file and the problem. Before anything else reads more of the file, every string in it must
-  be valid UTF-8 and every tensor stored as external data must name a regular file inside the model's directory
-  (:func:`check_external_data`). Weights stored as external data stay on disk: :func:`load_model`
-  returns an ``onnx_ir.Model`` whose external tensors are memory-mapped lazily, so models over 2 GB (which must store
-  their weights as external data) are handled without reading the weights.
-- :func:`save_model`: atomic writes (:mod:`ort_rmsnorm.durable`). Everything is written into a temporary directory
-  next to the destination, flushed to disk and renamed into place, so an interrupted or failed save leaves no partial
-  output. External data goes next to the output under the output's own name (``OUT.onnx.data``); the input's data
-  files are only read.
-- :func:`check_output_path`, :func:`refuse_overwriting`: the checks made before any work, so that a run never ends in
-  an output it may not write.
+:func:`load_model`: clear errors for a missing, unreadable, truncated, corrupted or invalid model, each naming the
+file and the problem. Before anything else reads more of the file, every string in it must be valid UTF-8 and every
+tensor stored as external data must name a regular file inside the model's directory (:func:`check_external_data`).
+Weights stored as external data stay on disk: :func:`load_model` returns an ``onnx_ir.Model`` whose external tensors
+are memory-mapped lazily, so models over 2 GB (which must store their weights as external data) are handled without
+reading the weights. Writing is :mod:`ort_rmsnorm.model.write`'s.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import shutil
 import stat
 from pathlib import Path, PurePosixPath, PureWindowsPath
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable
 
 import onnx
 import onnx_ir as ir
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError
 
-from . import durable
-from .contract import MS_DOMAIN, ONNX_DOMAINS, ORT_SIMPLIFIED_LAYER_NORM
-from .model_graphs import nodes as all_nodes
+from ..contract import MS_DOMAIN, ONNX_DOMAINS, ORT_SIMPLIFIED_LAYER_NORM
+from .graphs import nodes as all_nodes
 
 # A serialized protobuf message cannot exceed 2 GiB; graphs beyond that keep their weights in external data files.
 PROTOBUF_LIMIT_BYTES = 2**31 - 1
 # protobuf's parsers (upb in Python, the C++ one in onnxruntime) refuse messages nested deeper than this.
 PROTOBUF_NESTING_LIMIT = 100
 _NESTING_MARKERS = ("MaxDepth", "recursion limit", "Recursion limit", "levels of nesting")  # upb, C++, Python
-# Tensors at or above this size go to the external data file when the output uses external data (onnx's default).
-EXTERNAL_DATA_THRESHOLD_BYTES = 1024
 # onnxruntime registers these ops (the `--target ort` output) in the default ONNX domain, where onnx.checker does not
 # know them.
 ORT_OPS_IN_ONNX_DOMAIN = frozenset({ORT_SIMPLIFIED_LAYER_NORM})
-# Leave room for the graph itself when deciding whether inline weights still fit one protobuf message.
-_GRAPH_HEADROOM_BYTES = 64 * 2**20
 # External data offsets and lengths are read into 64-bit signed integers (onnxruntime, onnx_ir's memory maps).
 _MAX_FILE_BYTES = 2**63 - 1
 
@@ -137,7 +124,7 @@ def _sorted(path: Path, proto: onnx.ModelProto, error: Exception) -> onnx.ModelP
 
 def _within(graph_like: onnx.GraphProto | onnx.FunctionProto) -> Iterable[onnx.GraphProto | onnx.FunctionProto]:
     """``graph_like`` and every subgraph in it, at any depth. (The proto form of a model, read before any onnx_ir
-    model exists; :func:`ort_rmsnorm.model_types.walk` is the walk of an onnx_ir model.)"""
+    model exists; :func:`ort_rmsnorm.model.graphs.walk` is the walk of an onnx_ir model.)"""
     yield graph_like
     for node in graph_like.node:
         for attribute in node.attribute:
@@ -429,201 +416,3 @@ def root_cause(error: BaseException) -> BaseException:
 def external_data_files(model: ir.Model) -> set[Path]:
     """The files the model's external tensors are stored in."""
     return {Path(tensor.path).resolve() for tensor in _external_tensors(model)}
-
-
-def _inline_weight_bytes(model: ir.Model) -> int:
-    return sum(
-        value.const_value.nbytes
-        for graph in model.graphs()
-        for value in graph.initializers.values()
-        if value.const_value is not None and not isinstance(value.const_value, ir.ExternalTensor)
-    )
-
-
-def needs_external_data(model: ir.Model) -> bool:
-    """True when the model keeps weights in external data, or its weights would not fit one protobuf message."""
-    return bool(external_data_files(model)) or (
-        _inline_weight_bytes(model) > PROTOBUF_LIMIT_BYTES - _GRAPH_HEADROOM_BYTES
-    )
-
-
-def data_file_name(output: Path) -> str:
-    """Name of the external data file written next to ``output``."""
-    return output.name + ".data"
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    """Same file through any spelling, symlink or hard link; for paths that do not exist, the same resolved path."""
-    with contextlib.suppress(OSError):
-        return os.path.samefile(a, b)
-    return a.resolve() == b.resolve()
-
-
-def refuse_overwriting(output: str | os.PathLike, protected: Iterable[str | os.PathLike], what: str) -> None:
-    """Raises :class:`ModelFileError` when ``output`` is one of the ``protected`` files (the input and its data)."""
-    output = Path(output)
-    for path in map(Path, protected):
-        if _same_file(output, path):
-            raise ModelFileError(f"{output}: refusing to overwrite {what} {path}; choose another output path")
-
-
-def check_output_path(output: str | os.PathLike, protected: Iterable[str | os.PathLike], *,
-                      external_data: bool) -> None:
-    """Raises :class:`ModelFileError` when ``output`` (or its data file) cannot be written or would overwrite one
-    of the ``protected`` files."""
-    output = Path(output)
-    if not output.parent.is_dir():
-        raise ModelFileError(f"{output}: the output directory {output.parent} does not exist")
-    protected = list(protected)
-    for path in output_files(output, external_data=external_data):
-        check_output_kind(path)
-        refuse_overwriting(path, protected, "the input")
-
-
-def check_output_kind(output: str | os.PathLike) -> None:
-    """Raises :class:`ModelFileError` when ``output`` names something no file may be renamed over: a device
-    (``/dev/null``), a FIFO, a socket, a directory, or a link to one (``/dev/stdout``)
-    (:func:`ort_rmsnorm.durable.output_problem`)."""
-    problem = durable.output_problem(Path(output))
-    if problem is not None:
-        raise ModelFileError(f"{output}: {problem}; an output is written as a new file renamed into place, which "
-                             "would replace it: name a regular file or a new path")
-
-
-def output_files(output: str | os.PathLike, *, external_data: bool) -> list[Path]:
-    """The files saving a model to ``output`` writes: the model, and its data file with external data."""
-    output = Path(output)
-    return [output, output.with_name(data_file_name(output))] if external_data else [output]
-
-
-def _load_external_tensors(model: ir.Model, max_bytes: int | None) -> None:
-    """Replaces the external tensors of at most ``max_bytes`` (all: None) with in-memory copies.
-
-    onnx_ir's save loads the small ones itself but then closes each tensor's memory map, which fails while any numpy
-    view of it is alive (e.g. a constant read by the pass); copying here leaves the maps alone.
-    """
-    for graph in model.graphs():
-        for value in graph.initializers.values():
-            tensor = value.const_value
-            if isinstance(tensor, ir.ExternalTensor) and (max_bytes is None or tensor.nbytes <= max_bytes):
-                value.const_value = ir.Tensor(tensor.numpy().copy(), dtype=tensor.dtype, name=tensor.name)
-
-
-def save_model(
-    model: ir.Model | onnx.ModelProto,
-    path: str | os.PathLike,
-    *,
-    external_data: bool | None = None,
-    protected: Iterable[str | os.PathLike] = (),
-    on_tensor_written: Callable[[int, int], None] | None = None,
-) -> Path | None:
-    """Writes ``model`` to ``path`` atomically and returns the external data file written, if any.
-
-    ``external_data``: store weights in ``<path>.data`` next to the output; ``None`` decides with
-    :func:`needs_external_data`; ``False`` reads external weights into the output file. ``protected``: files that
-    must not be overwritten (the input model and its data); the output and its data file are checked against them
-    through symlinks and hard links.
-    ``on_tensor_written(index, total)`` reports progress while external data is written.
-    """
-    output = Path(path)
-    if isinstance(model, onnx.ModelProto):
-        model = ir.serde.deserialize_model(model)
-    if external_data is None:
-        external_data = needs_external_data(model)
-    check_output_path(output, protected, external_data=external_data)
-    data_name = data_file_name(output) if external_data else None
-    # Small tensors go inline; without external data, all of them (an explicit external_data=False).
-    _load_external_tensors(model, EXTERNAL_DATA_THRESHOLD_BYTES if external_data else None)
-
-    callback = None
-    if on_tensor_written is not None:
-        def callback(_tensor, info: ir.external_data.CallbackInfo) -> None:
-            on_tensor_written(info.index + 1, info.total)
-
-    try:
-        staging = durable.staging_folder(output)
-    except OSError as error:
-        raise ModelFileError(f"{output}: cannot write in {output.parent}: {error.strerror or error}") from None
-    try:
-        staged_model = staging / output.name
-        ir.save(
-            model,
-            staged_model,
-            external_data=data_name,
-            size_threshold_bytes=EXTERNAL_DATA_THRESHOLD_BYTES,
-            callback=callback,
-        )
-        durable.move_into_place([*([staging / data_name] if data_name else []), staged_model], output.parent)
-    except ValueError as error:
-        # onnx.save's 2 GiB protobuf limit, onnx_ir's checks on external data paths.
-        raise ModelFileError(f"{output}: cannot write the model: {one_line(error)}") from None
-    except ir.serde.SerdeError as error:
-        # What load_model lets through is serializable; this is the last guard, named rather than a traceback.
-        raise ModelFileError(
-            f"{output}: cannot write the model: onnx_ir cannot serialize it: {one_line(root_cause(error))}"
-        ) from None
-    except OSError as error:
-        raise ModelFileError(f"{output}: cannot write the model: {error.strerror or error}") from None
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return output.with_name(data_name) if data_name else None
-
-
-def _writable_output(path: str | os.PathLike, protected: Iterable[Path]) -> Path:
-    """``path``, once its directory exists, it may be written (:func:`check_output_kind`) and it is none of the
-    ``protected`` files; :class:`ModelFileError` otherwise."""
-    path = Path(path)
-    if not path.parent.is_dir():
-        raise ModelFileError(f"{path}: the directory {path.parent} does not exist")
-    check_output_kind(path)
-    refuse_overwriting(path, protected, "the input")
-    return path
-
-
-def write_atomically(path: str | os.PathLike, write: Callable[[Path], None], *,
-                     protected: Iterable[Path] = ()) -> None:
-    """Writes ``path`` with ``write(temporary)`` atomically (:func:`ort_rmsnorm.durable.write_file`), refusing to
-    overwrite the ``protected`` files; :class:`ModelFileError` when it cannot."""
-    path = _writable_output(path, protected)
-    try:
-        durable.write_file(path, write)
-    except OSError as error:
-        raise ModelFileError(f"{path}: cannot write: {error.strerror or error}") from None
-
-
-def write_text_atomically(path: str | os.PathLike, text: str, *, protected: Iterable[Path] = ()) -> None:
-    """Writes ``text`` (UTF-8) to ``path`` with :func:`write_atomically`."""
-    write_atomically(path, lambda temporary: temporary.write_text(text, encoding="utf-8"), protected=protected)
-
-
-@contextlib.contextmanager
-def staged_text(path: str | os.PathLike, text: str, *, protected: Iterable[Path] = ()) -> Iterator[Callable[[], None]]:
-    """Writes ``text`` (UTF-8) to a flushed temporary next to ``path`` and yields the function that renames it into
-    place; the temporary is removed when the block ends without it. So a second output is written (a report, which
-    may find no room) before the first is published, and published only with it. :class:`ModelFileError` when it
-    cannot be written or renamed."""
-    path = _writable_output(path, protected)
-    try:
-        temporary = durable.stage_file(path, lambda staged: staged.write_text(text, encoding="utf-8"))
-    except OSError as error:
-        raise ModelFileError(f"{path}: cannot write: {error.strerror or error}") from None
-
-    def commit() -> None:
-        try:
-            durable.commit_file(temporary, path)
-        except OSError as error:
-            raise ModelFileError(f"{path}: cannot write: {error.strerror or error}") from None
-
-    try:
-        yield commit
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            temporary.unlink()
-
-
-def remove_written(paths: Iterable[str | os.PathLike]) -> None:
-    """Removes the regular files a failed run had already renamed into place (a model, its data): nothing else."""
-    for path in paths:
-        with contextlib.suppress(OSError):
-            if stat.S_ISREG(os.lstat(path).st_mode):
-                os.unlink(path)

@@ -16,6 +16,9 @@ and inference runs again, so that it reaches everything after it (each round can
   same dims, they hold in every iteration (by induction) and the body input keeps them; dims the body changes are
   dropped from the assumption and it is tried again.
 
+Each refinement, and each op whose integer output is evaluated, is one function registered by op type
+(``_REFINEMENTS``, ``_EVALUATORS``), as onnx_ir's symbolic shape inference registers one inference function per op.
+
 Only sizes and the model's own symbols (those of its inputs, outputs and annotations) are put back: ONNX invents new
 ``unk__N`` symbols in every run. A dim ONNX inferred as a size is never replaced, nor one of the model's symbols by
 another.
@@ -30,13 +33,13 @@ from __future__ import annotations
 
 import collections
 import itertools
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from .contract import ONNX_DOMAINS
+from ..contract import ONNX_DOMAINS
 
 Entry = int | str | None
 """One element of a shape computation: a size, a symbol, or unknown."""
@@ -174,7 +177,7 @@ class _Model:
                     continue
                 if node.op_type == "Constant" and node.output:
                     self.constants[node.output[0]] = node
-                elif node.op_type in ("Slice", "Reshape") and node.output and node.output[0]:
+                elif node.op_type in _REFINEMENTS and node.output and node.output[0]:
                     self.refinable.append(node)
                 elif node.op_type == "Loop":
                     self.loops.append(node)
@@ -240,10 +243,7 @@ def _dims_gained(values: _Values) -> dict[str, onnx.ValueInfoProto]:
     inference."""
     gained = {}
     for node in values.model.refinable:
-        if node.op_type == "Slice":
-            dims = _slice_dims(node, values)
-        else:
-            dims = _reshape_dims(node, values)
+        dims = _REFINEMENTS[node.op_type](node, values)
         info = _filled(values, node.output[0], node.input[0], dims) if dims is not None else None
         if info is not None:
             gained[info.name] = info
@@ -288,7 +288,21 @@ def _filled(values: _Values, name: str, source: str, dims: list[Entry]) -> onnx.
 
 # ---- the refinements ---------------------------------------------------------------------------------------------
 
+Refinement = Callable[[onnx.NodeProto, "_Values"], "list[Entry] | None"]
+"""The dims of a node's first output that the graph shows, from one round's inferred types (None: nothing)."""
+_REFINEMENTS: dict[str, Refinement] = {}
+"""op_type -> its refinement (ops of the ONNX domains); a node of another op is left to ONNX's inference."""
 
+
+def _refines(op_type: str) -> Callable[[Refinement], Refinement]:
+    def register(refinement: Refinement) -> Refinement:
+        _REFINEMENTS[op_type] = refinement
+        return refinement
+
+    return register
+
+
+@_refines("Slice")
 def _slice_dims(node: onnx.NodeProto, values: _Values) -> list[Entry] | None:
     """A Slice with constant `axes`: the input's dims on the axes it does not touch, where they are sizes or the
     model's symbols (an annotation keeps a symbolic dim over the one ONNX infers, so a gained dim stays in later
@@ -306,6 +320,7 @@ def _slice_dims(node: onnx.NodeProto, values: _Values) -> list[Entry] | None:
     return [None if i in sliced or (isinstance(dim, str) and dim not in stable) else dim for i, dim in enumerate(data)]
 
 
+@_refines("Reshape")
 def _reshape_dims(node: onnx.NodeProto, values: _Values) -> list[Entry] | None:
     """The dims a Reshape gives, from its evaluated shape input (see the module doc)."""
     if len(node.input) < 2:
@@ -458,54 +473,97 @@ class _Values:
         node = self.model.producers.get(name)
         if node is None or node.domain not in ONNX_DOMAINS:
             return None
+        evaluate = _EVALUATORS.get(node.op_type)
+        if evaluate is None:
+            return None
         operand = lambda index: (  # noqa: E731
             self.elements(node.input[index], depth + 1) if index < len(node.input) and node.input[index] else None
         )
-        op = node.op_type
-        if op == "Shape":
-            dims = self.dims(node.input[0])
-            if dims is None:
-                return None
-            rank = len(dims)
-            start, end = _int_attribute(node, "start", 0), _int_attribute(node, "end", rank)
-            start, end = (min(max(bound + rank if bound < 0 else bound, 0), rank) for bound in (start, end))
-            return dims[start:end]
-        if op in ("Identity", "Unsqueeze", "Squeeze") or (op == "Cast" and _int_attribute(node, "to", 0) in (6, 7)):
-            return operand(0)
-        if op == "Concat" and _int_attribute(node, "axis", 0) in (0, -1):
-            parts = [self.elements(part, depth + 1) if part else [] for part in node.input]
-            return None if any(part is None for part in parts) else [entry for part in parts for entry in part]
-        if op == "Gather" and _int_attribute(node, "axis", 0) == 0:
-            data, indices = operand(0), operand(1)
-            if data is None or indices is None or not all(isinstance(index, int) for index in indices):
-                return None
-            if any(not -len(data) <= index < len(data) for index in indices):
-                return None
-            return [data[index] for index in indices]
-        if op == "Slice":
-            return self._sliced(node, operand)
-        if op in ("Add", "Sub", "Mul", "Div"):
-            left, right = operand(0), operand(1)
-            if left is None or right is None or not left or not right:
-                return None
-            if len(left) != len(right) and 1 not in (len(left), len(right)):
-                return None
-            size = max(len(left), len(right))
-            left, right = (side * size if len(side) == 1 else side for side in (left, right))
-            return [_arithmetic(op, a, b) for a, b in zip(left, right)]
-        return None
+        return evaluate(node, operand, self)
 
-    def _sliced(self, node: onnx.NodeProto, operand) -> list[Entry] | None:
-        data, starts, ends = operand(0), operand(1), operand(2)
-        axes, steps = operand(3), operand(4)
-        if data is None or starts is None or ends is None or len(starts) != 1 or len(ends) != 1:
-            return None
-        if axes not in (None, [0], [-1]) or steps not in (None, [1]):
-            return None
-        start, end = starts[0], ends[0]
-        if not isinstance(start, int) or not isinstance(end, int):
-            return None
-        return data[slice(start, end)]
+
+Operand = Callable[[int], "list[Entry] | None"]
+"""The evaluated elements of a node's input by index (None: absent or not evaluated)."""
+Evaluator = Callable[[onnx.NodeProto, Operand, _Values], "list[Entry] | None"]
+"""The elements of a node's output from its operands and the inferred dims (None: not evaluated)."""
+_EVALUATORS: dict[str, Evaluator] = {}
+"""op_type -> its evaluator (ops of the ONNX domains); a value another op computes is not evaluated."""
+
+
+def _evaluates(*op_types: str) -> Callable[[Evaluator], Evaluator]:
+    def register(evaluator: Evaluator) -> Evaluator:
+        _EVALUATORS.update(dict.fromkeys(op_types, evaluator))
+        return evaluator
+
+    return register
+
+
+@_evaluates("Shape")
+def _shape_of(node: onnx.NodeProto, operand: Operand, values: _Values) -> list[Entry] | None:
+    dims = values.dims(node.input[0])
+    if dims is None:
+        return None
+    rank = len(dims)
+    start, end = _int_attribute(node, "start", 0), _int_attribute(node, "end", rank)
+    start, end = (min(max(bound + rank if bound < 0 else bound, 0), rank) for bound in (start, end))
+    return dims[start:end]
+
+
+@_evaluates("Identity", "Unsqueeze", "Squeeze")
+def _same_elements(node: onnx.NodeProto, operand: Operand, values: _Values) -> list[Entry] | None:
+    return operand(0)
+
+
+@_evaluates("Cast")
+def _cast_to_integers(node: onnx.NodeProto, operand: Operand, values: _Values) -> list[Entry] | None:
+    """A cast to int32 or int64 keeps the elements."""
+    return operand(0) if _int_attribute(node, "to", 0) in (6, 7) else None
+
+
+@_evaluates("Concat")
+def _concatenated(node: onnx.NodeProto, operand: Operand, values: _Values) -> list[Entry] | None:
+    if _int_attribute(node, "axis", 0) not in (0, -1):
+        return None
+    parts = [operand(index) if part else [] for index, part in enumerate(node.input)]
+    return None if any(part is None for part in parts) else [entry for part in parts for entry in part]
+
+
+@_evaluates("Gather")
+def _gathered(node: onnx.NodeProto, operand: Operand, values: _Values) -> list[Entry] | None:
+    if _int_attribute(node, "axis", 0) != 0:
+        return None
+    data, indices = operand(0), operand(1)
+    if data is None or indices is None or not all(isinstance(index, int) for index in indices):
+        return None
+    if any(not -len(data) <= index < len(data) for index in indices):
+        return None
+    return [data[index] for index in indices]
+
+
+@_evaluates("Slice")
+def _sliced(node: onnx.NodeProto, operand: Operand, values: _Values) -> list[Entry] | None:
+    data, starts, ends = operand(0), operand(1), operand(2)
+    axes, steps = operand(3), operand(4)
+    if data is None or starts is None or ends is None or len(starts) != 1 or len(ends) != 1:
+        return None
+    if axes not in (None, [0], [-1]) or steps not in (None, [1]):
+        return None
+    start, end = starts[0], ends[0]
+    if not isinstance(start, int) or not isinstance(end, int):
+        return None
+    return data[slice(start, end)]
+
+
+@_evaluates("Add", "Sub", "Mul", "Div")
+def _elementwise(node: onnx.NodeProto, operand: Operand, values: _Values) -> list[Entry] | None:
+    left, right = operand(0), operand(1)
+    if left is None or right is None or not left or not right:
+        return None
+    if len(left) != len(right) and 1 not in (len(left), len(right)):
+        return None
+    size = max(len(left), len(right))
+    left, right = (side * size if len(side) == 1 else side for side in (left, right))
+    return [_arithmetic(node.op_type, a, b) for a, b in zip(left, right)]
 
 
 def _arithmetic(op: str, a: Entry, b: Entry) -> Entry:
