@@ -80,7 +80,8 @@ def test_demo_without_torch(cli, tmp_path):
     # Every target's ratio, in words (a target that wrote the same model as another timed once, under both names),
     # and the control's.
     for target in ("ort", "auto"):
-        assert re.search(rf"original / (\w+ = )*{target}( = \w+)*: [\d.]+ \(.*{target} [\d.]+% (faster|slower)",
+        assert re.search(rf"original / (\w+ = )*{target}( = \w+)*: [\d.]+ \((\w+ = )*{target}( = \w+)* [\d.]+% "
+                         r"(faster|slower)",
                          result.stdout), result.stdout
     assert re.search(r"original / original again: [\d.]+ \(the control: two sessions of one model differ by [\d.]+%",
                      result.stdout), result.stdout
