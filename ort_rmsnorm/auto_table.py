@@ -6,6 +6,11 @@ was built) and a table of this machine, written by ``ort-rmsnorm tune`` to :func
 reads this machine's table when there is one for this CPU, else the shipped one; ``ORT_RMSNORM_AUTO_TABLE`` names
 another table file, or ``shipped`` for the shipped table alone. The report's ``choice`` names the table used.
 
+The table is measured cold: with more weights between two norms than the L2 cache holds. A model whose weights
+between norms fit in half of the L2 (:func:`l2_cache_bytes`; ``ORT_RMSNORM_L2_BYTES`` gives the serving CPU's, ``0``
+has every model taken as cold) runs its norms warm, where ours is faster at every length measured, and ``auto``
+writes ours there whatever the table says.
+
 A table file is JSON: ``{"format": 1, "measured_on": TEXT, "cpu": TEXT (:func:`cpu_key`), "onnxruntime": TEXT,
 "faster_up_to": {OP: {DTYPE: H}}}`` with OP ``RMSNorm`` or ``SkipRMSNorm``, DTYPE ``float32``, ``float16`` or
 ``bfloat16`` and H a row length: onnxruntime's op where rows have at most H elements, ours above; an op or type
@@ -24,6 +29,7 @@ from typing import Mapping
 from .contract import RMSNORM, SKIP_RMSNORM
 
 ENV = "ORT_RMSNORM_AUTO_TABLE"
+L2_ENV = "ORT_RMSNORM_L2_BYTES"  # the serving CPU's L2 cache per core, in bytes; 0: take every model as cold
 SHIPPED = "shipped"  # ENV's value for the shipped table alone
 FORMAT = 1
 OPS = (RMSNORM, SKIP_RMSNORM)
@@ -87,6 +93,31 @@ def cpu_key() -> str:
     parts = [f"{key} {fields[key]}" for key in ("vendor_id", "cpu family", "model", "stepping", "CPU implementer",
                                                  "CPU part") if fields.get(key)]
     return f"{name} ({', '.join(parts)})" if parts else name
+
+
+def l2_cache_bytes() -> int | None:
+    """The L2 cache of one core in bytes: ``ORT_RMSNORM_L2_BYTES`` when set and not empty (a count of bytes, ``0`` for
+    none), else Linux's description of CPU 0's caches; None where neither says. :class:`AutoTableError` for a value
+    that is no count of bytes."""
+    named = os.environ.get(L2_ENV, "")
+    if named:  # empty: unset
+        text = named.strip()
+        if not text.isascii() or not text.isdigit() or len(text) > 15:
+            raise AutoTableError(f"{L2_ENV}={named[:40]!r}: not a count of bytes (e.g. 1048576, or 0)")
+        return int(text)
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index[0-9]*")):
+        try:
+            level = (index / "level").read_text().strip()
+            kind = (index / "type").read_text().strip()
+            size = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        if level == "2" and kind in ("Unified", "Data"):
+            units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+            digits = size[:-1] if size[-1:] in units else size
+            if digits.isdigit():
+                return int(digits) * units.get(size[-1:], 1)
+    return None
 
 
 def _limits(value: object, path: Path) -> dict[str, dict[str, int]]:

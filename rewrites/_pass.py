@@ -75,6 +75,7 @@ def fuse_model(
     """
     chosen = get_target(target)
     notes = list(notes) + _drop_unused_import(model)
+    chosen.prepare(model)
     current = default_opset(model.graph, model)
     if chosen.opset is not None and allow_opset_upgrade and current < chosen.opset:
         notes += upgrade_default_opset(model, chosen.opset)

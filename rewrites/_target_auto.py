@@ -8,6 +8,10 @@ cold (``ort-rmsnorm tune``) and read from the table: onnxruntime's op up to the 
 length at which it was measured faster, ours above it, and ours where the row length is not static or no length
 was measured faster. A model already holding either op gets the faster one too; an op that is already the faster
 one stays as it is (the report's notes count them).
+
+The table describes norms that run cold, after more weights than the L2 cache holds. Where a model's weights per norm
+fit in half of this CPU's L2 (``ort_rmsnorm.auto_table.l2_cache_bytes``), its norms run warm, and there ours is the
+cheaper call at every length measured (docs/benchmarks.md, "Cold is a regime"): ``auto`` writes ours and says why.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ from ort_rmsnorm.contract import (
     SKIP_RMSNORM,
 )
 
-from ort_rmsnorm.auto_table import SHIPPED, AutoTable, load
+from ort_rmsnorm.auto_table import L2_ENV, SHIPPED, AutoTable, l2_cache_bytes, load
+from ort_rmsnorm.model.graphs import nodes
 
 from ._auto_table import FASTER_UP_TO, MEASURED_ON
 from ._facts import SIXTEEN_BIT, Facts, NotFusable, dtype_name, int_attribute, static_dims
@@ -54,9 +59,47 @@ def current_table() -> AutoTable:
     return load(SHIPPED_TABLE)
 
 
-def choose(kind: str, dtype: ir.DataType | None, columns: int | None, table: AutoTable) -> Verdict:
+# The ops that read a weight once per step (a decoder's matrix products and the weights dequantized for them), and
+# the nodes that mark a norm (each decomposed RMSNorm or LayerNorm has one reduction; norm ops in every spelling).
+WEIGHT_READERS = frozenset({"MatMul", "Gemm", "MatMulNBits", "MatMulInteger", "MatMulIntegerToFloat",
+                            "DynamicQuantizeMatMul", "QLinearMatMul", "DequantizeLinear", "Conv", "MatMulBnb4"})
+NORM_MARKS = frozenset({"ReduceMean", "ReduceL2", "ReduceSumSquare", "SimplifiedLayerNormalization",
+                        "SkipSimplifiedLayerNormalization", "RMSNormalization", "LayerNormalization",
+                        "SkipLayerNormalization", RMSNORM, SKIP_RMSNORM})
+
+
+def weight_bytes_per_norm(model: ir.Model) -> float | None:
+    """The bytes of constant weights the model's matrix products read per norm, on average (each weight once; its
+    data is not loaded), or None for a model without norms."""
+    weights, marks, seen = 0, 0, set()
+    for node in nodes(model):
+        if node.op_type in NORM_MARKS:
+            marks += 1
+        elif node.op_type in WEIGHT_READERS:
+            for value in node.inputs:
+                if value is not None and value.const_value is not None and id(value) not in seen:
+                    seen.add(id(value))
+                    weights += value.const_value.nbytes
+    return weights / marks if marks else None
+
+
+def _megabytes(count: float) -> str:
+    return f"{count / 2**20:.2g} MiB"
+
+
+def warm_reason(per_norm: float | None, l2: int | None) -> str | None:
+    """Why the model's norms run warm (its weights per norm fit in half of the L2), or None where they may not."""
+    if per_norm is None or not l2 or per_norm > l2 / 2:
+        return None
+    return (f"the model reads {_megabytes(per_norm)} of weights per norm, within half of this CPU's L2 cache "
+            f"({_megabytes(l2)}; {L2_ENV}): its norms run warm, where ours is the cheaper call")
+
+
+def choose(kind: str, dtype: ir.DataType | None, columns: int | None, table: AutoTable,
+           warm: str | None = None) -> Verdict:
     """Whether onnxruntime's op runs ``kind`` (``RMSNorm`` or ``SkipRMSNorm``) on rows of ``columns`` elements of
-    ``dtype`` faster than ours, by the measured table."""
+    ``dtype`` faster than ours, by the measured table; ``warm``: why the model's norms run warm (:func:`warm_reason`),
+    where the table, measured cold, does not apply."""
     dtype_text = dtype_name(dtype)
     limit = table.faster_up_to.get(kind, {}).get(dtype_text)
     source = table.describe()
@@ -65,6 +108,9 @@ def choose(kind: str, dtype: ir.DataType | None, columns: int | None, table: Aut
     if columns is None:
         return Verdict(False, f"ours: the row length is not static (onnxruntime's op is faster up to {limit} "
                               f"{dtype_text} elements, {source})")
+    if columns <= limit and warm is not None:
+        return Verdict(False, f"ours: {warm} (onnxruntime's op is faster cold on rows of up to {limit} {dtype_text} "
+                              f"elements, {source})")
     if columns <= limit:
         return Verdict(True, f"onnxruntime's op: faster on rows of up to {limit} {dtype_text} elements, these have "
                              f"{columns} ({source})")
@@ -90,6 +136,10 @@ class AutoTarget(Target):
         self._ours, self._ort = CustomTarget(), OrtTarget()
         self.skip = self._ours.skip
         self._table = table
+        self._warm: str | None = None
+
+    def prepare(self, model: ir.Model) -> None:
+        self._warm = warm_reason(weight_bytes_per_norm(model), l2_cache_bytes())
 
     @property
     def table(self) -> AutoTable:
@@ -106,7 +156,7 @@ class AutoTarget(Target):
         return (OURS_RMSNORM, ORT_SIMPLIFIED_LAYER_NORM)
 
     def adapt(self, spec, graph_like, model, facts):
-        verdict = choose(RMSNORM, spec.x_dtype, row_length(spec.x_shape, spec.axis), self.table)
+        verdict = choose(RMSNORM, spec.x_dtype, row_length(spec.x_shape, spec.axis), self.table, self._warm)
         reason = verdict.reason
         if verdict.onnxruntime:
             try:
@@ -130,13 +180,14 @@ class AutoTarget(Target):
         if dtype in SIXTEEN_BIT:  # the graph's Add rounds the sum; onnxruntime's 16-bit op normalizes it unrounded
             return [(self._ours.skip, f"ours: onnxruntime's {dtype_name(dtype)} residual op normalizes the float32 "
                                       "sum, the graph the sum its Add rounded")]
-        verdict = choose(SKIP_RMSNORM, dtype, length, self.table)
+        verdict = choose(SKIP_RMSNORM, dtype, length, self.table, self._warm)
         ours = (self._ours.skip, verdict.reason if not verdict.onnxruntime else
                 "ours: onnxruntime's op would be faster but cannot express the norm")
         return [(self._ort.skip, verdict.reason), ours] if verdict.onnxruntime else [ours]
 
     def adapt_skip(self, spec: SkipSpec, graph_like, model, facts) -> SkipSpec:
-        verdict = choose(SKIP_RMSNORM, spec.dtype, row_length(spec.norm.x_shape, spec.norm.axis), self.table)
+        verdict = choose(SKIP_RMSNORM, spec.dtype, row_length(spec.norm.x_shape, spec.norm.axis), self.table,
+                         self._warm)
         reason = verdict.reason
         if verdict.onnxruntime:
             try:

@@ -69,6 +69,9 @@ class Target:
         """The norm ops an Add before which the residual rule fuses (into :meth:`skip_for`'s op)."""
         return (self.norm_op,) if self.skip is not None else ()
 
+    def prepare(self, model: ir.Model) -> None:
+        """Called once with the model before the pass fuses it (a target that chooses by the model reads it here)."""
+
     def skip_for(self, norm: ir.Node, shape: ir.Shape | None, facts: Facts) -> list[tuple[SkipOp, str | None]]:
         """The residual ops that may take in ``norm`` and the Add before it, the preferred first, each with why
         (where a target chooses per norm)."""

@@ -7,6 +7,9 @@ import pytest
 # The auto target's choices in tests come from the shipped table, never from a table `ort-rmsnorm tune` wrote for the
 # machine running them (subprocesses inherit this; tests of the tuned table set their own).
 os.environ["ORT_RMSNORM_AUTO_TABLE"] = "shipped"
+# ... and by the table alone: the test models are small enough to run warm in any L2, which would have `auto` write
+# ours everywhere (tests of that regime set their own L2).
+os.environ["ORT_RMSNORM_L2_BYTES"] = "0"
 
 
 @pytest.fixture(scope="session", autouse=True)

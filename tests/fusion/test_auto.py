@@ -117,3 +117,71 @@ def test_the_table_is_the_measured_one():
     assert set(_auto_table.FASTER_UP_TO) <= {"RMSNorm", "SkipRMSNorm"} and _auto_table.MEASURED_ON
     for limits in _auto_table.FASTER_UP_TO.values():
         assert all(dtype in ("float32", "float16", "bfloat16") and length > 0 for dtype, length in limits.items())
+
+
+def _weights_per_norm_reference(model) -> float:
+    """The bytes of the MatMul weights over the count of norm reductions, from the proto with numpy."""
+    from onnx import numpy_helper
+
+    initializers = {tensor.name: numpy_helper.to_array(tensor) for tensor in model.graph.initializer}
+    weights = {name for node in model.graph.node if node.op_type == "MatMul" for name in node.input
+               if name in initializers}
+    reductions = sum(node.op_type == "ReduceMean" for node in model.graph.node)
+    return sum(initializers[name].nbytes for name in weights) / reductions
+
+
+def test_weights_per_norm_is_what_the_matrix_products_read_per_norm():
+    import onnx_ir as ir
+
+    model = _llama(32)
+    assert _auto.weight_bytes_per_norm(ir.from_proto(model)) == pytest.approx(_weights_per_norm_reference(model))
+
+
+@pytest.mark.parametrize("l2, expected", [
+    ("1048576", OUR_OPS),  # a few KiB of weights per norm, within half of 1 MiB: warm, ours
+    ("4096", ORT_OPS),     # more than half of a 4 KiB L2: cold, the table's choice
+    ("0", ORT_OPS),        # 0: every model taken as cold
+])
+def test_norms_that_run_warm_take_ours_whatever_the_table(monkeypatch, l2, expected):
+    """The table is measured cold; a model whose weights per norm fit in half of the L2 runs its norms warm, where
+    ours is the cheaper call: `auto` writes ours there and says why."""
+    import onnx_ir as ir
+
+    original = _llama(32)
+    per_norm = _weights_per_norm_reference(original)
+    assert 4096 / 2 < per_norm < 1048576 / 2  # the model sits between the two caches
+    assert _auto.weight_bytes_per_norm(ir.from_proto(original)) == pytest.approx(per_norm)
+    monkeypatch.setenv("ORT_RMSNORM_L2_BYTES", l2)
+    fused, report = ort_rmsnorm.fuse(original, "auto")
+    assert _norm_ops(fused) == expected, report.summary()
+    if expected == OUR_OPS:
+        assert all("run warm" in fusion.choice and "ORT_RMSNORM_L2_BYTES" in fusion.choice and
+                   "faster cold on rows of up to 48 float32 elements" in fusion.choice for fusion in report.fusions)
+    assert verify(original, fused).ok
+
+
+@pytest.mark.parametrize("value", ["lots", "-1", "1e6", "1" * 16])
+def test_an_l2_that_is_no_count_of_bytes_is_an_error_naming_it(monkeypatch, value):
+    from ort_rmsnorm.auto_table import AutoTableError
+
+    monkeypatch.setenv("ORT_RMSNORM_L2_BYTES", value)
+    with pytest.raises(AutoTableError, match="ORT_RMSNORM_L2_BYTES=.*not a count of bytes"):
+        ort_rmsnorm.fuse(_llama(32), "auto")
+
+
+def test_the_l2_is_this_cpus(monkeypatch):
+    """Unset, the L2 is Linux's description of CPU 0's caches (None where there is none)."""
+    from pathlib import Path
+
+    from ort_rmsnorm.auto_table import l2_cache_bytes
+
+    monkeypatch.delenv("ORT_RMSNORM_L2_BYTES")
+    found = l2_cache_bytes()
+    caches = Path("/sys/devices/system/cpu/cpu0/cache")
+    levels = [index for index in caches.glob("index[0-9]*") if (index / "level").read_text().strip() == "2"] \
+        if caches.is_dir() else []
+    if not levels:
+        assert found is None
+        return
+    size = (levels[0] / "size").read_text().strip()
+    assert found == int(size[:-1]) * {"K": 1024, "M": 1 << 20}[size[-1]]
