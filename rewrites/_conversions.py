@@ -245,7 +245,7 @@ class SkipOpConversion(FusionRule):
         except NotFusable as error:
             return self._decline(context, error, node)
         if spec.norm.op == self._source:
-            return self._keep(self._source)
+            return self._keep(self._source, node)
         return self._accept({"normed": normed}, (spec, context))
 
     def _analyze(self, node: ir.Node, x: ir.Value, skip: ir.Value, gamma: ir.Value | None,

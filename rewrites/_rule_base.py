@@ -44,9 +44,11 @@ class FusionRule(pattern.RewriteRuleClassBase):
         self._session.near_miss(context, self.name, error, anchor=anchor, met=met)
         return pattern.MatchResult().fail(error.reason, list(error.sources))
 
-    def _keep(self, op: str) -> pattern.MatchResult:
-        """The op in the model is the one the target would write (``auto``): it stays as it is."""
-        self._session.kept(op)
+    def _keep(self, op: str, node: ir.Node) -> pattern.MatchResult:
+        """The op in the model is the one the target would write (``auto``): it stays as it is, and is counted unless
+        this run wrote it."""
+        if not self._session.written(node):
+            self._session.kept(op)
         return pattern.MatchResult().fail(f"{op} is already the op the target writes here")
 
     def cleanup(self) -> None:
@@ -67,7 +69,7 @@ class NormRule(FusionRule):
         except NotFusable as error:
             return self._decline(context, error, anchor)
         if spec.op is not None and spec.op == self.converted_from:
-            return self._keep(spec.op)
+            return self._keep(spec.op, anchor)
         return self._accept(bindings, (spec, context))
 
     def rewrite(self, op, **bindings):
