@@ -36,12 +36,14 @@ class Run:
     """`ort-rmsnorm fuse ...` in a subprocess; ``wait_for(pattern)`` returns once a stderr line matches."""
 
     def __init__(self, *args, ignore_hangup: bool = False):
-        def ignore():
-            signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as nohup does
+        def hangup_disposition():
+            # Ignored as nohup does, or the default: not what the process running the tests inherited (a suite
+            # started under nohup would pass its ignored SIGHUP on to every child).
+            signal.signal(signal.SIGHUP, signal.SIG_IGN if ignore_hangup else signal.SIG_DFL)
 
         self.process = subprocess.Popen([sys.executable, "-m", "ort_rmsnorm.cli", "fuse", *map(str, args)],
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                        preexec_fn=ignore if ignore_hangup else None)
+                                        preexec_fn=hangup_disposition if hasattr(signal, "SIGHUP") else None)
         self.lines: list[str] = []
         self.stdout = ""
         self.changed = threading.Condition()

@@ -161,6 +161,7 @@ _SYMBOLIC_WITHOUT = """
 import onnx, onnx.defs, sys
 import ort_rmsnorm
 from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+ort_rmsnorm.register_schemas()  # registered once per process: removed below, they stay away
 onnx.defs.deregister_schema('RMSNorm', 1, 'ort_rmsnorm')
 onnx.defs.deregister_schema('SkipRMSNorm', 1, 'ort_rmsnorm')
 model = onnx.load(sys.argv[1])
