@@ -21,7 +21,6 @@ import dataclasses
 import datetime
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -31,6 +30,8 @@ from pathlib import Path
 import ort_rmsnorm
 from ort_rmsnorm import folders
 from ort_rmsnorm.contract import AUTO, CUSTOM, DEFAULT_TARGET, ORT, TARGETS
+from ort_rmsnorm.bench import machine
+from ort_rmsnorm.bench.cold import quartiles
 from ort_rmsnorm.builders import genai as genai_folders
 from ort_rmsnorm.runtime import turns
 
@@ -66,13 +67,12 @@ def log(line: str) -> None:
 
 
 def load_average() -> float:
-    return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return (machine.load_average() or [float("nan")])[0]
 
 
 def paired(contender: list[float], original: list[float]) -> dict:
     """Tokens/s: median(contender) / median(original), and the quartiles of the per-round ratios."""
-    ratios = [a / b for a, b in zip(contender, original)]
-    low, _, high = statistics.quantiles(ratios, n=4, method="inclusive")
+    low, _, high = quartiles([a / b for a, b in zip(contender, original)])
     return {"ratio": statistics.median(contender) / statistics.median(original), "low": low, "high": high}
 
 
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python benchmarks/genai_targets.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "environment": {"onnxruntime": onnxruntime.__version__, "onnxruntime_genai": onnxruntime_genai.__version__,
-                        "ort_rmsnorm": ort_rmsnorm.__version__, "cpu": _cpu_name(),
+                        "ort_rmsnorm": ort_rmsnorm.__version__, "cpu": machine.cpu_model(),
                         "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()},
         "auto_table": _auto_table_line(),
         "targets": args.targets, "precision": args.precision, "prompt_tokens": args.prompt,
@@ -233,16 +233,6 @@ def _remove(path: Path) -> None:
     import shutil
 
     shutil.rmtree(path) if path.is_dir() else path.unlink()
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _auto_table_line() -> str:
